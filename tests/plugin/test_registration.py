@@ -1,0 +1,103 @@
+"""register(): version gate, idempotence, the CPU opt-in, and named backends that survive
+pickling into a fresh process (the way vLLM ships its config to spawned processes)."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from vllm_blackwell_ext import _registration as reg
+
+pytest.importorskip("vllm", reason="registration tests need vLLM installed")
+
+
+@pytest.fixture
+def fresh_state(monkeypatch):
+    """A clean registration state for one test (the real one is process-global)."""
+    monkeypatch.setattr(reg, "_state", {"done": False, "warned": False, "registered": {}})
+
+
+@pytest.mark.parametrize(
+    "version, supported",
+    [("0.32.0", True), ("0.32.3+cpu", True), ("0.33.0", False), ("0.31.9", False),
+     ("dev", False), (None, False)],
+)
+def test_version_gate_accepts_only_the_032_series(version, supported):
+    assert reg.is_supported_vllm(version) is supported
+
+
+def test_unsupported_vllm_warns_once_and_registers_nothing(fresh_state, monkeypatch, caplog):
+    monkeypatch.setattr(reg, "installed_vllm_version", lambda: "0.34.0")
+    called = []
+    monkeypatch.setattr(reg, "_register_components", lambda *a: called.append(a))
+    with caplog.at_level(logging.WARNING, logger="vllm_blackwell_ext"):
+        reg.register()
+        reg.register()
+    warnings = [r for r in caplog.records if "supports vLLM 0.32.x" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "0.34.0" in warnings[0].getMessage()
+    assert called == []
+    assert reg.registered_components() == {}
+
+
+def test_register_is_idempotent(fresh_state, monkeypatch):
+    calls = []
+    monkeypatch.setattr(reg, "_register_components", lambda o: calls.append(o) or {"x": {}})
+    reg.register()
+    reg.register()
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [(None, ()), ("", ()), ("none", ()), ("attn", ("attn",)), ("attn, mla", ("attn", "mla"))],
+)
+def test_cpu_override_values(value, expected):
+    assert reg.parse_cpu_override(value) == expected
+
+
+def test_unknown_cpu_override_names_accepted_values(fresh_state, monkeypatch):
+    monkeypatch.setenv(reg.CPU_OVERRIDE_ENV, "attn,flash")
+    with pytest.raises(ValueError, match=r"VLLM_BWX_CPU_BACKENDS.*'flash'.*\['attn', 'mla'\]"):
+        reg.register()
+
+
+_UNPICKLE_IN_FRESH_PROCESS = textwrap.dedent(
+    """
+    import pickle, sys
+    member = pickle.loads(sys.stdin.buffer.read())
+    print(member.name, member.get_path())
+    """
+)
+
+
+def _unpickle_elsewhere(payload: bytes) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", _UNPICKLE_IN_FRESH_PROCESS],
+        input=payload,
+        capture_output=True,
+        timeout=300,
+    )
+
+
+def test_named_backend_unpickles_in_a_process_that_never_registered_it():
+    member = reg.register_named_backend("BWX_PICKLE_PROBE", "some.module.ProbeBackend")
+    done = _unpickle_elsewhere(pickle.dumps(member))
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.decode().split() == ["BWX_PICKLE_PROBE", "some.module.ProbeBackend"]
+    assert pickle.loads(pickle.dumps(member)) is member
+
+
+def test_plain_enum_registration_fails_to_unpickle_elsewhere():
+    # The trap register_named_backend exists for (facts.md): the control case must fail.
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    member = AttentionBackendEnum.register("BWX_PLAIN_PROBE", "some.module.PlainBackend")
+    done = _unpickle_elsewhere(pickle.dumps(member))
+    assert done.returncode != 0
+    assert b"is not a valid AttentionBackendEnum" in done.stderr
