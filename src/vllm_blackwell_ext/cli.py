@@ -103,7 +103,7 @@ def doctor_report() -> tuple[dict[str, Any], bool]:
         "plugin": __version__,
         "vllm": vllm_version or "not installed",
         "vllm_supported": vllm_ok,
-        "supported_vllm": "%d.%d.x" % SUPPORTED_VLLM_SERIES,
+        "supported_vllm": "{}.{}.x".format(*SUPPORTED_VLLM_SERIES),
         "torch": _module_version("torch") or "not installed",
         "triton": _module_version("triton") or "not installed",
         "entry_point_found": _entry_point_found(),
@@ -147,8 +147,11 @@ def _print_doctor(report: dict[str, Any], ok: bool) -> None:
     dev = report["device"]
     if dev.get("available"):
         rows.append(
-            ("device", f"{dev['name']} (sm{dev['capability'].replace('.', '')}, "
-             f"{dev['num_sms']} SMs, {dev['smem_per_block']} B smem/block)")
+            (
+                "device",
+                f"{dev['name']} (sm{dev['capability'].replace('.', '')}, "
+                f"{dev['num_sms']} SMs, {dev['smem_per_block']} B smem/block)",
+            )
         )
     else:
         rows.append(("device", f"none: {dev['why']}"))

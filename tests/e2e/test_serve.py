@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -64,15 +64,29 @@ def test_vllm_serve_answers_a_completion(tiny_models, tmp_path):
     trace = tmp_path / "trace"
     log_path = tmp_path / "serve.log"
     cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(tiny_models["qwen3"]),
-        "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "512", "--enforce-eager", "--gpu-memory-utilization", "0.2",
-        "--served-model-name", "tiny",
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(tiny_models["qwen3"]),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "512",
+        "--enforce-eager",
+        "--gpu-memory-utilization",
+        "0.2",
+        "--served-model-name",
+        "tiny",
     ]
     with open(log_path, "w") as log:
         server = subprocess.Popen(
-            cmd, env=engine_env(trace), stdout=log, stderr=subprocess.STDOUT,
+            cmd,
+            env=engine_env(trace),
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         try:

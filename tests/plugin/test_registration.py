@@ -24,8 +24,14 @@ def fresh_state(monkeypatch):
 
 @pytest.mark.parametrize(
     "version, supported",
-    [("0.32.0", True), ("0.32.3+cpu", True), ("0.33.0", False), ("0.31.9", False),
-     ("dev", False), (None, False)],
+    [
+        ("0.32.0", True),
+        ("0.32.3+cpu", True),
+        ("0.33.0", False),
+        ("0.31.9", False),
+        ("dev", False),
+        (None, False),
+    ],
 )
 def test_version_gate_accepts_only_the_032_series(version, supported):
     assert reg.is_supported_vllm(version) is supported

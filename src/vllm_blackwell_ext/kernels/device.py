@@ -51,7 +51,7 @@ def smem_limit_for(capability: tuple[int, int]) -> int:
     return SMEM_LIMIT_BY_CAPABILITY.get(tuple(capability), CONSERVATIVE_SMEM_LIMIT)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def device_info(device: torch.device | str | int | None = None) -> DeviceInfo:
     """Facts of a CUDA device, or CPU_DEVICE_INFO for CPU tensors (interpreter runs)."""
     if device is None:
