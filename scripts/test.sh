@@ -7,8 +7,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$root/scripts/setup_env.sh"
 cd "$root"
 echo "[test] ruff"
-ruff check src tests benchmarks
-ruff format --check src tests benchmarks
+ruff check .
+ruff format --check .
 echo "[test] pytest"
 set +e
 python -m pytest -q -p no:cacheprovider "$@"
