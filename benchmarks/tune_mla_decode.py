@@ -1,0 +1,323 @@
+"""Tune the MLA decode kernel's launch configs for the GPU this runs on, or check a table offline.
+
+GPU sweep (default): for each KV dtype (bf16, fp8) and row tile (16, 32, 64 query rows per
+request), time candidate configs on a representative shape, skip those that fail to compile
+or spill registers, and print the device class's table entry for
+`src/vllm_blackwell_ext/kernels/mla_decode_configs.py` (also written as JSON with --out).
+
+    python benchmarks/tune_mla_decode.py [--budget-s 240] [--only bf16:16] [--out FILE]
+
+Offline check (no GPU needed; Triton's bundled ptxas and cuobjdump): compile every table entry
+of a device class for that architecture and report shared memory against the class's
+per-block limit, registers and spill (stack) bytes. Exits non-zero if an entry exceeds the limit.
+
+    python benchmarks/tune_mla_decode.py --check sm120 [--check sm90 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from vllm_blackwell_ext.kernels.device import SMEM_LIMIT_BY_CAPABILITY  # noqa: E402
+from vllm_blackwell_ext.kernels.mla_decode_configs import (  # noqa: E402
+    MLA_DECODE_CONFIGS,
+    ROW_TILES,
+    MlaDecodeConfig,
+)
+
+R, P, PAGE = 512, 64, 64
+W = R + P
+# Representative shape per row tile: (heads, query_len, batch, context).
+SHAPES = {16: (16, 1, 64, 16384), 32: (32, 1, 64, 16384), 64: (128, 1, 32, 16384)}
+CLASS_CAPABILITY = {"sm80": (8, 0), "sm86": (8, 6), "sm89": (8, 9), "sm90": (9, 0),
+                    "sm100": (10, 0), "sm120": (12, 0)}  # fmt: skip
+
+
+# A short list per (dtype, row tile) worth a GPU's minute: the table entry's neighbours that
+# compile without spills (checked offline with compile_offline). --full sweeps the whole grid.
+_C = MlaDecodeConfig
+CURATED: dict[tuple[str, int], list[MlaDecodeConfig]] = {
+    ("bf16", 16): [_C(16, 64, 4, 3), _C(16, 64, 8, 3), _C(16, 32, 4, 3), _C(16, 64, 4, 4)],
+    ("bf16", 32): [_C(32, 64, 8, 3), _C(16, 64, 4, 3), _C(32, 32, 8, 3), _C(32, 64, 8, 4)],
+    ("bf16", 64): [_C(64, 16, 8, 3), _C(64, 32, 8, 2), _C(32, 64, 8, 3), _C(16, 64, 4, 3),
+                   _C(64, 32, 8, 3)],
+    ("fp8", 16): [_C(16, 32, 8, 4, reload_v=True), _C(16, 64, 8, 3, reload_v=True),
+                  _C(16, 32, 8, 4), _C(16, 64, 8, 3), _C(16, 32, 4, 4, reload_v=True)],
+    ("fp8", 32): [_C(32, 32, 8, 3, reload_v=True), _C(16, 32, 8, 4, reload_v=True),
+                  _C(32, 64, 8, 3, reload_v=True)],
+    ("fp8", 64): [_C(32, 32, 8, 3, reload_v=True), _C(16, 32, 8, 4, reload_v=True),
+                  _C(64, 32, 8, 2, reload_v=True)],
+}  # fmt: skip
+
+
+def candidates(tag: str, tile: int, full: bool = False) -> list[MlaDecodeConfig]:
+    if not full:
+        return CURATED[(tag, tile)]
+    out = []
+    for bm in sorted({16, tile}):
+        for bn in (16, 32, 64):
+            for warps in (4, 8):
+                for stages in (2, 3, 4):
+                    if bm * R // (warps * 32) > 160:  # fp32 accumulator registers alone: spills
+                        continue
+                    for reload_v in (False, True) if tag == "fp8" else (False,):
+                        out.append(MlaDecodeConfig(bm, bn, warps, stages, reload_v=reload_v))
+    return out
+
+
+def tune_gpu(args: argparse.Namespace) -> int:
+    from vllm_blackwell_ext.bench.harness import bench_us
+    from vllm_blackwell_ext.kernels.device import device_info
+    from vllm_blackwell_ext.kernels.mla_decode import MlaDecodeWorkspace, mla_decode
+
+    info = device_info("cuda")
+    limit = info.smem_per_block
+    slots = [f"{tag}:{tile}" for tag in ("bf16", "fp8") for tile in ROW_TILES]
+    if args.only:
+        slots = [s for s in slots if s in args.only.split(",")]
+    # Each (dtype, tile) slot gets an equal share of the budget, so none is starved.
+    slot_budget = args.budget_s / max(1, len(slots))
+    entry: dict[str, dict[int, MlaDecodeConfig]] = {}
+    log = []
+    for tag in ("bf16", "fp8"):
+        entry[tag] = {}
+        for tile in ROW_TILES:
+            if args.only and f"{tag}:{tile}" not in args.only.split(","):
+                entry[tag][tile] = _table_entry(info.device_class, tag, tile)
+                continue
+            t_end = time.time() + slot_budget
+            heads, q_len, batch, ctx = SHAPES[tile]
+            x = _inputs(heads, q_len, batch, ctx, tag == "fp8")
+            best = None
+            for cfg in candidates(tag, tile, args.full):
+                if time.time() > t_end:
+                    print("budget spent; keeping the best so far", flush=True)
+                    break
+                # Keep the GPU full at this shape: splits so that ~2 waves of programs run.
+                groups = triton.cdiv(heads * q_len, cfg.block_m)
+                splits = max(1, (info.num_sms * 2) // (batch * groups))
+                ws = MlaDecodeWorkspace.allocate(batch * q_len, heads, splits, R, "cuda")
+                handles: list = []
+
+                def fn(cfg=cfg, splits=splits, ws=ws, handles=handles, x=x, q_len=q_len):
+                    mla_decode(
+                        x["q"],
+                        x["kv"],
+                        x["bt"],
+                        x["seq"],
+                        x["out"],
+                        softmax_scale=W**-0.5,
+                        kv_lora_rank=R,
+                        query_len=q_len,
+                        k_scale=x["scale"],
+                        workspace=ws,
+                        num_splits=splits,
+                        config=cfg,
+                        compiled=handles,
+                    )
+
+                try:
+                    fn()
+                except Exception as e:  # out of resources and the like: not a candidate
+                    print(f"{tag}:{tile} {cfg}: failed ({type(e).__name__})", flush=True)
+                    continue
+                h = handles[0]
+                spills = getattr(h, "n_spills", 0)
+                shared = h.metadata.shared
+                us = bench_us(fn, warmup_ms=10, rep_ms=40)
+                gbps = batch * ctx * W * (1 if tag == "fp8" else 2) / (us * 1e-6) / 1e9
+                line = (
+                    f"{tag}:{tile} {cfg.block_m}x{cfg.block_n} w{cfg.num_warps} "
+                    f"s{cfg.num_stages}: {us:.1f} us {gbps:.0f} GB/s shared={shared} "
+                    f"regs={getattr(h, 'n_regs', '?')} spills={spills}"
+                )
+                print(line, flush=True)
+                log.append(line)
+                if shared > limit or spills:
+                    continue
+                if best is None or us < best[0]:
+                    # Occupancy for the split planner, from what the compiler reported.
+                    regs = max(1, int(getattr(h, "n_regs", 0) or 1))
+                    occ = min(65536 // (regs * 32 * cfg.num_warps), limit // max(shared, 1))
+                    best = (us, dataclasses.replace(cfg, ctas_per_sm=max(1, min(occ, 4))))
+            base = _table_entry(info.device_class, tag, tile)
+            entry[tag][tile] = best[1] if best else base
+    text = _format_entry(info.device_class, entry)
+    print(text)
+    if args.write:
+        _rewrite_table(info.device_class, text)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device_class": info.device_class, "device": info.name,
+                       "entry": {t: {k: vars(v) for k, v in e.items()} for t, e in entry.items()},
+                       "log": log}, f, indent=1)  # fmt: skip
+    return 0
+
+
+def _rewrite_table(device_class: str, entry_text: str) -> None:
+    """Replace the device class's block in mla_decode_configs.py with the tuned entry."""
+    import vllm_blackwell_ext.kernels.mla_decode_configs as mod
+
+    path = mod.__file__
+    with open(path) as f:
+        text = f.read()
+    # A class block starts with `    "smXY": {` and ends at the first line that is `    },`.
+    pattern = re.compile(r'^    "' + re.escape(device_class) + r'": \{\n.*?^    \},\n', re.S | re.M)
+    if not pattern.search(text):
+        print(f"no block for {device_class} in {path}; add this entry by hand:\n{entry_text}")
+        return
+    text = pattern.sub(lambda _: entry_text + "\n", text, count=1)
+    with open(path, "w") as f:
+        f.write(text)
+    print(f"rewrote the {device_class} entry of {path}")
+
+
+def _table_entry(device_class: str, tag: str, tile: int) -> MlaDecodeConfig:
+    table = MLA_DECODE_CONFIGS.get(device_class, MLA_DECODE_CONFIGS["default"])
+    return table[tag][tile]
+
+
+def _format_entry(device_class: str, entry: dict[str, dict[int, MlaDecodeConfig]]) -> str:
+    lines = [f'    "{device_class}": {{']
+    for tag, by_tile in entry.items():
+        lines.append(f'        "{tag}": {{')
+        for t, c in by_tile.items():
+            lines.append(
+                f"            {t}: C({c.block_m}, {c.block_n}, {c.num_warps}, {c.num_stages}, "
+                f"{c.ctas_per_sm}, {c.min_split_keys}{', True' if c.reload_v else ''}),"
+            )
+        lines.append("        },")
+    lines.append("    },")
+    return "\n".join(lines)
+
+
+def _inputs(heads: int, q_len: int, batch: int, ctx: int, fp8: bool) -> dict:
+    pages = batch * ctx // PAGE
+    kv = torch.randn(pages, PAGE, W, device="cuda", dtype=torch.bfloat16)
+    if fp8:
+        kv = (kv * 8).to(torch.float8_e4m3fn)
+    bt = torch.randperm(pages, device="cuda").view(batch, -1).to(torch.int32)
+    q = torch.randn(batch * q_len, heads, W, device="cuda", dtype=torch.bfloat16)
+    return dict(q=q, kv=kv, bt=bt, seq=torch.full((batch,), ctx, dtype=torch.int32, device="cuda"),
+                out=torch.empty(batch * q_len, heads, R, device="cuda", dtype=torch.bfloat16),
+                scale=torch.tensor([0.125], device="cuda") if fp8 else None)  # fmt: skip
+
+
+def compile_offline(
+    cfg: MlaDecodeConfig, capability: tuple[int, int], fp8: bool, kv_lora_rank: int = R
+) -> tuple[int, int, int]:
+    """Compile the split kernel for `capability` without a GPU: (shared bytes, regs, stack)."""
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from vllm_blackwell_ext.kernels.mla_decode import SUPPORTED_LATENT, _mla_decode_split_kernel
+
+    k = _mla_decode_split_kernel
+    ptrs = {"Q": "*bf16", "KV": "*fp8e4nv" if fp8 else "*bf16", "BT": "*i32", "SEQ": "*i32",
+            "KSCALE": "*fp32", "O_PART": "*fp32", "L_PART": "*fp32", "OUT": "*bf16",
+            "LSE": "*fp32"}  # fmt: skip
+    ints = ["stride_qt", "stride_qh", "stride_kv_page", "stride_kv_tok", "stride_bt",
+            "stride_pt", "stride_ph", "stride_ps", "stride_lt", "stride_lh", "stride_ot",
+            "stride_oh", "stride_lse_t"]  # fmt: skip
+    sig = dict(ptrs) | {n: "i32" for n in ints} | {"qk_scale_log2": "fp32"}
+    sig |= {n: "i32" for n in ("num_heads", "query_len", "num_splits", "num_row_groups")}
+    consts = dict(
+        R=kv_lora_rank,
+        P=SUPPORTED_LATENT[kv_lora_rank],
+        PAGE_SIZE=PAGE,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        CAUSAL=True,
+        HAS_SCALE=fp8,
+        SINGLE_SPLIT=False,
+        HAS_LSE=True,
+        DOT_DTYPE=tl.float16 if fp8 else tl.bfloat16,
+        RELOAD_V=cfg.reload_v,
+        PRESCALE_Q=fp8,
+    )
+    sig |= {n: "constexpr" for n in consts}
+    # The JIT marks 16-byte-aligned pointers and strides divisible by 16; without that the
+    # compiler cannot vectorise or pipeline the KV loads and the numbers mean nothing.
+    aligned = [*ptrs, "stride_qt", "stride_qh", "stride_kv_page", "stride_kv_tok", "stride_pt",
+               "stride_ph", "stride_ps", "stride_ot", "stride_oh"]  # fmt: skip
+    attrs = {(k.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    src = ASTSource(fn=k, signature=sig, constexprs=consts, attrs=attrs)
+    target = GPUTarget("cuda", capability[0] * 10 + capability[1], 32)
+    c = triton.compile(
+        src, target=target, options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    )
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                             "cuobjdump")  # fmt: skip
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(c.asm["cubin"])
+    usage = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
+                           text=True).stdout  # fmt: skip
+    os.unlink(f.name)
+    regs = int(m.group(1)) if (m := re.search(r"REG:(\d+)", usage)) else -1
+    stack = int(m.group(1)) if (m := re.search(r"STACK:(\d+)", usage)) else -1
+    return int(c.metadata.shared), regs, stack
+
+
+def check_offline(classes: list[str]) -> int:
+    bad = 0
+    for cls in classes:
+        cap = CLASS_CAPABILITY[cls]
+        limit = SMEM_LIMIT_BY_CAPABILITY[cap]
+        seen = set()
+        for tag in ("bf16", "fp8"):
+            for tile in ROW_TILES:
+                cfg = _table_entry(cls, tag, tile)
+                for rank in (512, 256):
+                    key = (tag, cfg, rank)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    shared, regs, stack = compile_offline(cfg, cap, tag == "fp8", rank)
+                    ok = shared <= limit
+                    bad += not ok
+                    print(
+                        f"{cls} {tag} tile {tile} latent {rank}: {cfg} shared={shared}/{limit} "
+                        f"regs={regs} stack={stack} {'ok' if ok else 'OVER LIMIT'}",
+                        flush=True,
+                    )
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--check",
+        action="append",
+        choices=sorted(CLASS_CAPABILITY),
+        help="compile this device class's table offline and check shared memory",
+    )
+    ap.add_argument("--budget-s", type=float, default=240.0)
+    ap.add_argument("--only", default=None, help="comma list of tag:tile, e.g. bf16:16,fp8:16")
+    ap.add_argument("--out", default=None, help="write the result as JSON here")
+    ap.add_argument("--write", action="store_true", help="rewrite this class's table entry")
+    ap.add_argument("--full", action="store_true", help="sweep the whole grid, not the short list")
+    args = ap.parse_args(argv)
+    if args.check:
+        return check_offline(args.check)
+    if not torch.cuda.is_available():
+        print("tune_mla_decode: the sweep needs a CUDA GPU (use --check offline)", file=sys.stderr)
+        return 2
+    return tune_gpu(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,327 @@
+"""Benchmark of BWX_MLA's decode kernel against vLLM 0.32's Triton MLA decode.
+
+DeepSeek/Kimi shapes: latent 512 + rope 64, page size 64, pages shuffled. GB/s counts the KV
+bytes a case must read (each request's context once, in the cache dtype) per second, against
+the device-to-device copy roofline measured in the same run; TFLOP/s (128 heads) counts
+2 * rows * context * (576 + 512) per call against a bf16 8192^3 matmul measured in the same run.
+The peer `vllm-triton-mla` is vLLM's `decode_attention_fwd` (through `.peer_tools/peer_shim.py`)
+called as vLLM 0.32's `TritonMLAImpl.forward_mqa` calls it: its split-count formula, an fp32
+`attn_logits` scratch of [rows, heads, splits, 513], query rows of a multi-token block
+flattened with per-row causal extents.
+
+    python benchmarks/bench_mla_decode.py [--out-dir DIR] [--peer-dir .peer] [--only SUBSTR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from vllm_blackwell_ext.bench.harness import (
+    Row,
+    bench_us,
+    copy_roofline_gbps,
+    gpu_slug,
+    progress,
+    report,
+)
+from vllm_blackwell_ext.kernels.device import device_info
+from vllm_blackwell_ext.kernels.mla_decode import (
+    MlaDecodeWorkspace,
+    mla_decode,
+    mla_decode_flops,
+    plan_mla_decode,
+)
+
+R, P, PAGE = 512, 64, 64
+W = R + P
+PEER = "vllm-triton-mla"
+MAX_TOKENS = 8 * 1024 * 1024  # largest B x context benchmarked (9.7 GB of bf16 cache)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    heads: int
+    batch: int
+    ctx: int
+    fp8: bool = False
+    q_len: int = 1
+    metric: str = "GB/s"
+
+
+def cases() -> list[Case]:
+    cs: list[Case] = []
+    for fp8 in (False, True):
+        kv = "fp8" if fp8 else "bf16"
+        for batch in (1, 8, 64, 256):
+            for ctx in (4096, 32768, 131072):
+                if batch * ctx > MAX_TOKENS:
+                    continue
+                cs.append(Case(f"h16 {kv} B={batch} ctx={ctx // 1024}k", 16, batch, ctx, fp8))
+        cs.append(Case(f"h16 {kv} B=1 ctx=4k latency", 16, 1, 4096, fp8, metric="us"))
+        cs.append(Case(f"h32 {kv} B=64 ctx=32k", 32, 64, 32768, fp8))
+        cs.append(Case(f"h16 {kv} q_len=4 B=64 ctx=32k", 16, 64, 32768, fp8, q_len=4))
+        cs.append(Case(f"h128 {kv} B=64 ctx=32k", 128, 64, 32768, fp8, metric="TFLOP/s"))
+    return cs
+
+
+class Caches:
+    """One shared page pool per cache dtype; each case takes a shuffled subset of its pages."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.pools: dict[bool, torch.Tensor] = {}
+        self.k_scale = torch.tensor([0.125], dtype=torch.float32, device=device)
+
+    def pool(self, fp8: bool) -> torch.Tensor:
+        if fp8 not in self.pools:
+            pages = MAX_TOKENS // PAGE + 16
+            cache = torch.empty(pages, PAGE, W, dtype=torch.bfloat16, device=self.device)
+            cache.normal_()
+            if fp8:
+                cache = _to_fp8(cache)
+            self.pools[fp8] = cache
+        return self.pools[fp8]
+
+
+def _to_fp8(cache: torch.Tensor) -> torch.Tensor:
+    # Chunked, so converting a 9.7 GB pool needs no fp32 copy of it.
+    out = torch.empty(cache.shape, dtype=torch.float8_e4m3fn, device=cache.device)
+    step = 4096
+    for i in range(0, cache.shape[0], step):
+        out[i : i + step] = (cache[i : i + step] * 8).to(torch.float8_e4m3fn)
+    return out
+
+
+@dataclass
+class Inputs:
+    q: torch.Tensor
+    cache: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    k_scale: torch.Tensor | None
+
+
+def make_inputs(c: Case, caches: Caches) -> Inputs:
+    dev = caches.device
+    pool = caches.pool(c.fp8)
+    per_seq = c.ctx // PAGE
+    perm = torch.randperm(pool.shape[0], device=dev)[: c.batch * per_seq]
+    bt = perm.view(c.batch, per_seq).to(torch.int32)
+    q = torch.randn(c.batch * c.q_len, c.heads, W, dtype=torch.bfloat16, device=dev)
+    seq = torch.full((c.batch,), c.ctx, dtype=torch.int32, device=dev)
+    return Inputs(q, pool, bt, seq, caches.k_scale if c.fp8 else None)
+
+
+def ours_fn(c: Case, x: Inputs, **kw):
+    info = device_info(x.q.device)
+    splits, cfg = plan_mla_decode(
+        c.batch, c.heads, c.ctx, c.q_len, info, kv_dtype=x.cache.dtype, config=kw.get("config")
+    )
+    splits = kw.get("num_splits") or splits
+    ws = MlaDecodeWorkspace.allocate(x.q.shape[0], c.heads, splits, R, x.q.device)
+    out = torch.empty(x.q.shape[0], c.heads, R, dtype=x.q.dtype, device=x.q.device)
+    lse = torch.empty(x.q.shape[0], c.heads, dtype=torch.float32, device=x.q.device)
+
+    def fn() -> None:
+        mla_decode(
+            x.q,
+            x.cache,
+            x.block_table,
+            x.seq_lens,
+            out,
+            softmax_scale=W**-0.5,
+            kv_lora_rank=R,
+            query_len=c.q_len,
+            k_scale=x.k_scale,
+            lse_out=lse,
+            workspace=ws,
+            num_splits=splits,
+            config=cfg,
+            compiled=kw.get("compiled"),
+        )
+
+    fn.splits = splits  # type: ignore[attr-defined]
+    fn.cfg = cfg  # type: ignore[attr-defined]
+    return fn
+
+
+class PeerVllm:
+    """vLLM 0.32's `decode_attention_fwd`, called as `TritonMLAImpl.forward_mqa` calls it."""
+
+    def __init__(self, peer_dir: str) -> None:
+        tools = os.path.join(os.path.dirname(os.path.abspath(peer_dir)), ".peer_tools")
+        sys.path.insert(0, tools)
+        import peer_shim  # type: ignore[import-not-found]
+
+        peer_shim.install(peer_dir)
+        from vllm.v1.attention.ops.triton_decode_attention import (  # type: ignore
+            decode_attention_fwd,
+        )
+
+        self.fn = decode_attention_fwd
+
+    @staticmethod
+    def num_kv_splits(max_seq_len: int, sm_count: int) -> int:
+        # triton_mla.py `_compute_num_kv_splits`: 512 keys per split, <= 2 x SMs, power of 2.
+        import triton
+
+        ideal = triton.next_power_of_2(max(1, max_seq_len // 512))
+        return min(ideal, sm_count * 2)
+
+    def make(self, c: Case, x: Inputs):
+        rows = x.q.shape[0]
+        splits = self.num_kv_splits(c.ctx, device_info(x.q.device).num_sms)
+        logits = torch.empty(rows, c.heads, splits, R + 1, dtype=torch.float32, device=x.q.device)
+        o = torch.zeros(rows, c.heads, R, dtype=x.q.dtype, device=x.q.device)
+        lse = torch.zeros(rows, c.heads, dtype=x.q.dtype, device=x.q.device)
+        kv = x.cache.unsqueeze(2)
+        kv_c = kv[..., :R]
+        bt, seq = x.block_table, x.seq_lens
+        if c.q_len > 1:
+            bt = bt.repeat_interleave(c.q_len, dim=0)
+            offs = torch.arange(1 - c.q_len, 1, device=seq.device, dtype=seq.dtype)
+            seq = (seq.unsqueeze(1) + offs).flatten().clamp(min=0)
+        one = torch.tensor(1.0, dtype=torch.float32, device=x.q.device)
+        scale = x.k_scale if x.k_scale is not None else one
+
+        def fn() -> None:
+            self.fn(
+                x.q,
+                kv,
+                kv_c,
+                o,
+                lse,
+                bt,
+                seq,
+                logits,
+                splits,
+                W**-0.5,
+                PAGE,
+                k_scale=scale,
+                v_scale=scale,
+                is_mla=True,
+            )
+
+        return fn
+
+
+def graph_us(fn) -> float:
+    """Median time of one replay of `fn` captured in a CUDA graph.
+
+    vLLM runs decode under CUDA graphs, so host launch cost (two Triton launches with ~35
+    arguments each here, one or two for the peer) is not part of what a server pays per step;
+    timing replays measures the GPU work alone, for ours and the peer alike.
+    """
+    fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # warm-up on a side stream before capture, as torch.cuda.graphs recommends
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return bench_us(graph.replay)
+
+
+def kv_bytes(c: Case) -> int:
+    return c.batch * c.ctx * W * (1 if c.fp8 else 2)
+
+
+def figure(c: Case, us: float) -> float:
+    if c.metric == "us":
+        return us
+    if c.metric == "TFLOP/s":
+        return mla_decode_flops(c.batch * c.q_len, c.heads, c.ctx, R) / (us * 1e-6) / 1e12
+    return kv_bytes(c) / (us * 1e-6) / 1e9
+
+
+def matmul_tflops(device: str = "cuda", n: int = 8192) -> float:
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    us = bench_us(lambda: a @ b)
+    return 2 * n**3 / (us * 1e-6) / 1e12
+
+
+def compiled_stats(c: Case, x: Inputs) -> str:
+    handles: list = []
+    fn = ours_fn(c, x, compiled=handles)
+    fn()
+    h = handles[0]
+    return (
+        f"{fn.cfg} splits={fn.splits} shared={h.metadata.shared} "  # type: ignore[attr-defined]
+        f"regs={getattr(h, 'n_regs', '?')} spills={getattr(h, 'n_spills', '?')}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench_mla_decode", description=__doc__.splitlines()[0])
+    ap.add_argument("--out-dir", default="benchmarks/results")
+    ap.add_argument("--peer-dir", default=".peer")
+    ap.add_argument("--only", default=None, help="run cases whose name contains this")
+    ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument(
+        "--eager",
+        dest="graph",
+        action="store_false",
+        help="time eager calls (host launch included) instead of CUDA-graph replays",
+    )
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_mla_decode: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    dev = "cuda"
+    peer = None
+    if not args.no_peer:
+        try:
+            peer = PeerVllm(args.peer_dir)
+        except Exception as e:  # the peer is optional: report without it
+            print(f"peer unavailable ({type(e).__name__}: {e}); running ours only")
+    roof_gbps = copy_roofline_gbps(dev)
+    roof_tflops = matmul_tflops(dev)
+    print(f"copy roofline {roof_gbps:.0f} GB/s, bf16 matmul {roof_tflops:.0f} TFLOP/s", flush=True)
+    caches = Caches(dev)
+    rows: list[Row] = []
+    notes: list[str] = [
+        f"copy roofline {roof_gbps:.0f} GB/s; bf16 matmul {roof_tflops:.0f} TFLOP/s",
+        "timing: " + ("CUDA-graph replays (as vLLM decodes)" if args.graph else "eager calls"),
+    ]
+    selected = [c for c in cases() if args.only is None or args.only in c.name]
+    for c in progress(selected, "mla_decode"):
+        torch.manual_seed(0)
+        x = make_inputs(c, caches)
+        stats = compiled_stats(c, x)
+        timer = graph_us if args.graph else bench_us
+        ours = figure(c, timer(ours_fn(c, x)))
+        peers: dict[str, float] = {}
+        if peer is not None:
+            peers[PEER] = figure(c, timer(peer.make(c, x)))
+        if c.metric == "us":
+            # Where the time goes: the eager call (host launch included) and the split stage
+            # alone with one split (no merge).
+            eager = bench_us(ours_fn(c, x))
+            one = timer(ours_fn(c, x, num_splits=1))
+            stats += f" eager={eager:.1f}us one-split={one:.1f}us"
+        roof = {"GB/s": roof_gbps, "TFLOP/s": roof_tflops}.get(c.metric)
+        rows.append(Row(c.name, c.metric, ours, peers, roof))
+        print(
+            f"{c.name}: ours {ours:.1f} {c.metric} peer {peers.get(PEER, float('nan')):.1f} "
+            f"[{stats}]",
+            flush=True,
+        )
+        notes.append(f"{c.name}: {stats}")
+        del x
+    command = "python benchmarks/bench_mla_decode.py " + " ".join(argv or [])
+    report(rows, gpu_slug(dev), "mla-decode", command.strip(), args.out_dir, notes=notes)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,632 @@
+"""MLA decode attention over a paged latent KV cache, in Triton.
+
+Multi-head latent attention (DeepSeek-V2/V3, Kimi K2, GLM) decodes with absorbed queries: every
+head attends over the same latent cache line `[kv_lora_rank latent | rope_dim rope]` (576 or 288
+values), the latent part doubling as the value. So the whole head group of one request shares
+each KV tile, and the kernel is built around that:
+
+- one program takes a tile of query rows of one request (heads x query tokens, up to 64) and
+  multiplies it against each KV tile on tensor cores (`tl.dot`), so a KV tile is read from
+  memory once per row tile, not once per head as a per-head kernel would;
+- the sequence is cut into splits (split-KV); the split count is planned on the host from the
+  batch size, the rows, the longest context and the SM count (`plan_mla_decode`), so one long
+  request and many short ones both fill the GPU; a second kernel merges the splits by their
+  log-sum-exp (one split writes the output directly and skips the merge);
+- an fp8 e4m3 cache is loaded as fp8 (half the bytes) and widened in registers to fp16 (one
+  instruction per pair; bf16 would take several), the query pre-scaled into fp16's range; the
+  per-tensor scale is folded into the query and the final output, not into every element;
+- query_len up to 8 rows per request (MTP / speculative verification), causal within the rows;
+- capture-safe: with a preallocated `MlaDecodeWorkspace` and a given `num_splits`, `mla_decode`
+  neither allocates nor synchronises with the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
+from vllm_blackwell_ext.kernels.mla_decode_configs import MlaDecodeConfig, get_mla_decode_config
+
+# (kv_lora_rank, rope_dim) pairs the kernel is built for: DeepSeek/Kimi (512 + 64) and the
+# half-width variant (256 + 32).
+SUPPORTED_LATENT: dict[int, int] = {512: 64, 256: 32}
+MAX_QUERY_LEN = 8
+# Upper bound of the split planner; a workspace sized with it fits every plan.
+MAX_SPLITS = 256
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _store_rows(PTR, row_off, offs_c, vals, row_ok):
+    tl.store(
+        PTR + row_off[:, None] + offs_c[None, :],
+        vals.to(PTR.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
+
+
+@triton.jit
+def _mla_decode_split_kernel(
+    Q,  # [T, H, R + P]
+    KV,  # paged cache, element (page, slot, d) at page*stride_kv_page + slot*stride_kv_tok + d
+    BT,  # int32 [B, max_pages]
+    SEQ,  # int32 [B]
+    KSCALE,  # fp32 [1] (read only when HAS_SCALE)
+    O_PART,  # fp32 [T, H, S, R]: per-split normalised outputs (multi-split only)
+    L_PART,  # fp32 [T, H, S]: per-split log2-sum-exp (multi-split only)
+    OUT,  # [T, H, R] (single split only)
+    LSE,  # fp32 [T, H] (single split with HAS_LSE only)
+    stride_qt,
+    stride_qh,
+    stride_kv_page,
+    stride_kv_tok,
+    stride_bt,
+    stride_pt,
+    stride_ph,
+    stride_ps,
+    stride_lt,
+    stride_lh,
+    stride_ot,
+    stride_oh,
+    stride_lse_t,
+    qk_scale_log2,  # softmax_scale * log2(e)
+    num_heads,
+    query_len,
+    num_splits,
+    num_row_groups,
+    R: tl.constexpr,  # kv_lora_rank (value width)
+    P: tl.constexpr,  # rope dim
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr,
+    HAS_LSE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,  # q's dtype on GPUs; fp32 under the interpreter (see launcher)
+    RELOAD_V: tl.constexpr,  # read each KV tile twice (QK^T, then P @ V); see the loop
+    PRESCALE_Q: tl.constexpr,  # fold the score scale into q before the (fp16) dot
+):
+    # The latent width is handled as four column chunks (q0..q3, k0..k3, acc0..acc3) rather
+    # than one [*, R] tile: a tensor-core operand is held whole in each warp's registers, and a
+    # full [BLOCK_M, 512] query operand alone would take 128 registers per thread (spills).
+    # Chunks keep each operand at a quarter of that while every KV tile still crosses HBM once.
+    DC: tl.constexpr = R // 4
+
+    # Row tiles of the same (request, split) are adjacent in launch order, so a KV tile read by
+    # the first row tile is still in L2 for the next one (128 heads = two 64-row tiles).
+    pid = tl.program_id(0)
+    rg = pid % num_row_groups
+    rest = pid // num_row_groups
+    split = rest % num_splits
+    b = rest // num_splits
+
+    seq_len = tl.load(SEQ + b)
+    rows = rg * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < query_len * num_heads
+    tok_in_req = rows // num_heads
+    head = rows % num_heads
+    tok = b * query_len + tok_in_req
+    if CAUSAL:
+        # Row j of a request sees keys [0, seq_len - query_len + j].
+        limit = seq_len - query_len + 1 + tok_in_req
+    else:
+        limit = tl.zeros([BLOCK_M], dtype=tl.int32) + seq_len
+
+    # Splits are whole tiles long, so only a split's last tile is ragged.
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    offs_c = tl.arange(0, DC)
+    offs_p = tl.arange(0, P)
+    q_row = tok.to(tl.int64) * stride_qt + head * stride_qh
+    qm = row_ok[:, None]
+
+    scale = qk_scale_log2
+    if HAS_SCALE:
+        k_scale = tl.load(KSCALE)
+        scale = scale * k_scale
+    # With PRESCALE_Q the scores come out of the dot already in log2 units. That keeps the
+    # bf16 query's range in fp16 (the fp8 path's operand type): softmax_scale * k_scale is ~0.1
+    # shrinks it, and only |q| beyond ~65504 / scale would overflow.
+    q_mul = scale if PRESCALE_Q else 1.0
+    q0 = tl.load(Q + q_row[:, None] + offs_c[None, :], mask=qm, other=0.0)
+    q1 = tl.load(Q + q_row[:, None] + DC + offs_c[None, :], mask=qm, other=0.0)
+    q2 = tl.load(Q + q_row[:, None] + 2 * DC + offs_c[None, :], mask=qm, other=0.0)
+    q3 = tl.load(Q + q_row[:, None] + 3 * DC + offs_c[None, :], mask=qm, other=0.0)
+    qp = tl.load(Q + q_row[:, None] + R + offs_p[None, :], mask=qm, other=0.0)
+    q0 = (q0.to(tl.float32) * q_mul).to(DOT_DTYPE)
+    q1 = (q1.to(tl.float32) * q_mul).to(DOT_DTYPE)
+    q2 = (q2.to(tl.float32) * q_mul).to(DOT_DTYPE)
+    q3 = (q3.to(tl.float32) * q_mul).to(DOT_DTYPE)
+    qp = (qp.to(tl.float32) * q_mul).to(DOT_DTYPE)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc0 = tl.zeros([BLOCK_M, DC], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_M, DC], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_M, DC], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_M, DC], dtype=tl.float32)
+
+    bt_row = BT + b.to(tl.int64) * stride_bt
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < end
+        page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+        kv_row = page * stride_kv_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_kv_tok
+        # Masked keys read as 0: an unwritten cache slot may hold fp8 NaN patterns, and
+        # 0 * NaN in the P @ V product would poison the row. fp8 widens exactly to bf16; its
+        # scale is applied to the scores and the output, not to every element.
+        kp = KV + kv_row[:, None]
+        km = n_ok[:, None]
+        k0 = tl.load(kp + offs_c[None, :], mask=km, other=0.0).to(DOT_DTYPE)
+        k1 = tl.load(kp + DC + offs_c[None, :], mask=km, other=0.0).to(DOT_DTYPE)
+        k2 = tl.load(kp + 2 * DC + offs_c[None, :], mask=km, other=0.0).to(DOT_DTYPE)
+        k3 = tl.load(kp + 3 * DC + offs_c[None, :], mask=km, other=0.0).to(DOT_DTYPE)
+        kr = tl.load(kp + R + offs_p[None, :], mask=km, other=0.0).to(DOT_DTYPE)
+
+        s = tl.dot(q0, tl.trans(k0))
+        s = tl.dot(q1, tl.trans(k1), s)
+        s = tl.dot(q2, tl.trans(k2), s)
+        s = tl.dot(q3, tl.trans(k3), s)
+        s = tl.dot(qp, tl.trans(kr), s)
+        if not PRESCALE_Q:
+            s = s * scale
+        valid = (offs_n[None, :] < limit[:, None]) & n_ok[None, :]
+        s = tl.where(valid, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row with no visible key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        pd = p.to(DOT_DTYPE)
+        if RELOAD_V:
+            # Second read of the tile (from L2) for the value product: with one use per load,
+            # each stays a pipelined async copy, where one load feeding two fp8 widenings is
+            # read synchronously and keeps both widened copies in registers. The cache hint
+            # differs so the compiler does not merge the two loads.
+            k0 = tl.load(kp + offs_c[None, :], mask=km, other=0.0, cache_modifier=".ca")
+            k1 = tl.load(kp + DC + offs_c[None, :], mask=km, other=0.0, cache_modifier=".ca")
+            k2 = tl.load(kp + 2 * DC + offs_c[None, :], mask=km, other=0.0, cache_modifier=".ca")
+            k3 = tl.load(kp + 3 * DC + offs_c[None, :], mask=km, other=0.0, cache_modifier=".ca")
+            k0 = k0.to(DOT_DTYPE)
+            k1 = k1.to(DOT_DTYPE)
+            k2 = k2.to(DOT_DTYPE)
+            k3 = k3.to(DOT_DTYPE)
+        acc0 = tl.dot(pd, k0, acc0 * alpha[:, None])
+        acc1 = tl.dot(pd, k1, acc1 * alpha[:, None])
+        acc2 = tl.dot(pd, k2, acc2 * alpha[:, None])
+        acc3 = tl.dot(pd, k3, acc3 * alpha[:, None])
+        m_i = m_new
+
+    has_keys = l_i > 0.0
+    inv_l = tl.where(has_keys, 1.0 / tl.where(has_keys, l_i, 1.0), 0.0)
+    if HAS_SCALE:
+        inv_l = inv_l * k_scale
+    lse2 = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+    if SINGLE_SPLIT:
+        dst = OUT
+        row_off = tok.to(tl.int64) * stride_ot + head * stride_oh
+        if HAS_LSE:
+            # Natural log for callers (DCP merges): ln(x) = log2(x) * ln(2).
+            tl.store(
+                LSE + tok.to(tl.int64) * stride_lse_t + head, lse2 * 0.6931471805599453, mask=row_ok
+            )
+    else:
+        dst = O_PART
+        row_off = tok.to(tl.int64) * stride_pt + head * stride_ph + split * stride_ps
+        tl.store(
+            L_PART + tok.to(tl.int64) * stride_lt + head * stride_lh + split, lse2, mask=row_ok
+        )
+    _store_rows(dst, row_off, offs_c, acc0 * inv_l[:, None], row_ok)
+    _store_rows(dst, row_off + DC, offs_c, acc1 * inv_l[:, None], row_ok)
+    _store_rows(dst, row_off + 2 * DC, offs_c, acc2 * inv_l[:, None], row_ok)
+    _store_rows(dst, row_off + 3 * DC, offs_c, acc3 * inv_l[:, None], row_ok)
+
+
+@triton.jit
+def _mla_decode_merge_kernel(
+    O_PART,  # fp32 [T, H, S, R]
+    L_PART,  # fp32 [T, H, S]
+    OUT,  # [T, H, R]
+    LSE,  # fp32 [T, H]
+    stride_pt,
+    stride_ph,
+    stride_ps,
+    stride_lt,
+    stride_lh,
+    stride_ot,
+    stride_oh,
+    stride_lse_t,
+    num_splits,
+    BLOCK_R: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    HAS_LSE: tl.constexpr,
+):
+    # One program per (token, head, column chunk), splits read BLOCK_S at a time: one long
+    # request can have hundreds of splits, and a split-serial loop would be latency-bound.
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    chunk = tl.program_id(2)
+    offs_r = chunk * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_s = tl.arange(0, BLOCK_S)
+    l_base = L_PART + t * stride_lt + h * stride_lh
+    p_base = O_PART + t * stride_pt + h * stride_ph
+
+    # Pass 1: the largest split LSE, so the weights below never overflow.
+    m = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        ls = tl.load(l_base + s0 + offs_s, mask=s0 + offs_s < num_splits, other=float("-inf"))
+        m = tl.maximum(m, ls)
+    m_max = tl.max(m, 0)
+    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+    # Pass 2: weight each split's normalised output by 2^(lse_s - max); empty splits weigh 0.
+    den = tl.zeros([BLOCK_S], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        s_ok = s0 + offs_s < num_splits
+        w = tl.exp2(tl.load(l_base + s0 + offs_s, mask=s_ok, other=float("-inf")) - m_safe)
+        o = tl.load(
+            p_base + (s0 + offs_s)[:, None] * stride_ps + offs_r[None, :],
+            mask=s_ok[:, None],
+            other=0.0,
+        )
+        acc += tl.sum(w[:, None] * o, 0)
+        den += w
+    total = tl.sum(den, 0)
+    has_keys = total > 0.0
+    inv = tl.where(has_keys, 1.0 / tl.where(has_keys, total, 1.0), 0.0)
+    tl.store(OUT + t * stride_ot + h * stride_oh + offs_r, (acc * inv).to(OUT.dtype.element_ty))
+    if HAS_LSE:
+        if chunk == 0:
+            lse2 = tl.where(
+                has_keys, m_safe + tl.log2(tl.where(has_keys, total, 1.0)), -float("inf")
+            )
+            tl.store(LSE + t * stride_lse_t + h, lse2 * 0.6931471805599453)
+
+
+def _dot_dtype(q: torch.Tensor, kv_dtype: torch.dtype) -> tl.dtype:
+    # Triton 3.9's interpreter computes bf16 `tl.dot` on the raw 16-bit patterns (garbage;
+    # fp16 and fp32 are right), so CPU runs widen the operands to fp32.
+    if q.device.type == "cpu":
+        return tl.float32
+    # fp8 e4m3 widens to fp16 in one instruction per pair (to bf16 it takes several), and
+    # e4m3 values and probabilities are exact / well inside fp16; q is pre-scaled (see kernel).
+    if kv_dtype == torch.float8_e4m3fn:
+        return tl.float16
+    return tl.bfloat16 if q.dtype == torch.bfloat16 else tl.float16
+
+
+def _kv_tag(dtype: torch.dtype) -> str:
+    return "fp8" if dtype == torch.float8_e4m3fn else "bf16"
+
+
+def plan_mla_decode(
+    batch: int,
+    num_heads: int,
+    max_seq_len: int,
+    query_len: int,
+    device_info: DeviceInfo,
+    *,
+    kv_dtype: torch.dtype = torch.bfloat16,
+    config: MlaDecodeConfig | None = None,
+) -> tuple[int, MlaDecodeConfig]:
+    """Split count and launch config for a decode step; pure host arithmetic (no GPU call).
+
+    Splits are added until the grid holds about `num_sms * ctas_per_sm` programs (so B=1 at
+    128k and B=256 at 4k both fill the GPU), but never so many that a split holds fewer than
+    `min_split_keys` keys (the merge would cost more than the parallelism gains).
+    """
+    rows = query_len * num_heads
+    cfg = config or get_mla_decode_config(device_info.device_class, _kv_tag(kv_dtype), rows)
+    row_groups = triton.cdiv(rows, cfg.block_m)
+    programs = max(1, batch * row_groups)
+    target = device_info.num_sms * cfg.ctas_per_sm
+    # Rounded down: a grid already within one wave of the target gains less from another
+    # split than the merge costs.
+    wanted = target // programs
+    useful = max(1, triton.cdiv(max(max_seq_len, 1), cfg.min_split_keys))
+    return max(1, min(wanted, useful, MAX_SPLITS)), cfg
+
+
+@dataclass
+class MlaDecodeWorkspace:
+    """Split-KV scratch, allocated once (outside CUDA-graph capture) and reused by every call.
+
+    `capacity_rows` is the largest `num_tokens * num_heads * num_splits` it holds; a call whose
+    plan needs more is refused with a ValueError rather than allocating.
+    """
+
+    o_part: torch.Tensor  # fp32 [capacity_rows, kv_lora_rank]
+    l_part: torch.Tensor  # fp32 [capacity_rows]
+
+    @classmethod
+    def allocate(
+        cls,
+        max_num_tokens: int,
+        num_heads: int,
+        max_splits: int,
+        kv_lora_rank: int = 512,
+        device: torch.device | str = "cuda",
+    ) -> MlaDecodeWorkspace:
+        """Scratch for `max_num_tokens` tokens x `num_heads` heads x `max_splits` splits."""
+        rows = max(1, max_num_tokens * num_heads * max_splits)
+        return cls(
+            o_part=torch.empty(rows, kv_lora_rank, dtype=torch.float32, device=device),
+            l_part=torch.empty(rows, dtype=torch.float32, device=device),
+        )
+
+    @classmethod
+    def for_plans(
+        cls,
+        max_batch: int,
+        num_heads: int,
+        max_seq_len: int,
+        query_len: int = 1,
+        kv_lora_rank: int = 512,
+        device: torch.device | str = "cuda",
+        *,
+        kv_dtype: torch.dtype = torch.bfloat16,
+        info: DeviceInfo | None = None,
+    ) -> MlaDecodeWorkspace:
+        """The smallest scratch that fits every `plan_mla_decode` plan up to `max_batch` requests.
+
+        Far smaller than `max_tokens * heads * MAX_SPLITS`: the planner only splits small batches.
+        """
+        info = info or device_info(device)
+        need = 1
+        for b in range(1, max_batch + 1):
+            splits, _ = plan_mla_decode(
+                b, num_heads, max_seq_len, query_len, info, kv_dtype=kv_dtype
+            )
+            need = max(need, b * query_len * num_heads * splits if splits > 1 else 1)
+        return cls(
+            o_part=torch.empty(need, kv_lora_rank, dtype=torch.float32, device=device),
+            l_part=torch.empty(need, dtype=torch.float32, device=device),
+        )
+
+    @property
+    def capacity_rows(self) -> int:
+        return self.l_part.shape[0]
+
+
+def _check(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    kv_lora_rank: int,
+    query_len: int,
+    k_scale: torch.Tensor | None,
+    lse_out: torch.Tensor | None,
+) -> None:
+    if kv_lora_rank not in SUPPORTED_LATENT:
+        raise ValueError(
+            f"kv_lora_rank must be one of {sorted(SUPPORTED_LATENT)}, got {kv_lora_rank}"
+        )
+    width = kv_lora_rank + SUPPORTED_LATENT[kv_lora_rank]
+    if q.dim() != 3 or q.shape[-1] != width:
+        raise ValueError(f"q must be [num_tokens, num_heads, {width}], got {tuple(q.shape)}")
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"q must be bfloat16 or float16, got {q.dtype}")
+    if q.stride(-1) != 1:
+        raise ValueError(f"q's last dim must be contiguous, got strides {q.stride()}")
+    if kv_cache.dim() != 3 or kv_cache.shape[-1] != width:
+        raise ValueError(
+            f"kv_cache must be [num_blocks, block_size, {width}], got {tuple(kv_cache.shape)}"
+        )
+    if kv_cache.dtype not in (q.dtype, torch.float8_e4m3fn):
+        raise TypeError(f"kv_cache must be {q.dtype} or torch.float8_e4m3fn, got {kv_cache.dtype}")
+    if kv_cache.stride(-1) != 1:
+        raise ValueError(f"kv_cache's last dim must be contiguous, got strides {kv_cache.stride()}")
+    if kv_cache.dtype == torch.float8_e4m3fn and k_scale is None:
+        raise ValueError("k_scale is required for a float8_e4m3fn kv_cache, got None")
+    if k_scale is not None and (k_scale.numel() != 1 or k_scale.dtype != torch.float32):
+        raise ValueError(
+            f"k_scale must be a 1-element float32 tensor, got {k_scale.dtype} "
+            f"{tuple(k_scale.shape)}"
+        )
+    if block_table.dtype != torch.int32 or block_table.dim() != 2:
+        raise TypeError(
+            f"block_table must be int32 [batch, max_blocks], got {block_table.dtype} "
+            f"{tuple(block_table.shape)}"
+        )
+    if block_table.stride(-1) != 1:
+        raise ValueError(f"block_table's last dim must be contiguous, got {block_table.stride()}")
+    if seq_lens.dtype != torch.int32 or seq_lens.dim() != 1:
+        raise TypeError(
+            f"seq_lens must be int32 [batch], got {seq_lens.dtype} {tuple(seq_lens.shape)}"
+        )
+    if not 1 <= query_len <= MAX_QUERY_LEN:
+        raise ValueError(f"query_len must be in [1, {MAX_QUERY_LEN}], got {query_len}")
+    batch = seq_lens.shape[0]
+    if q.shape[0] != batch * query_len:
+        raise ValueError(
+            f"q has {q.shape[0]} tokens; expected batch * query_len = {batch} * {query_len}"
+        )
+    if block_table.shape[0] < batch:
+        raise ValueError(f"block_table has {block_table.shape[0]} rows, fewer than batch={batch}")
+    if out.shape != (q.shape[0], q.shape[1], kv_lora_rank) or out.stride(-1) != 1:
+        raise ValueError(
+            f"out must be [{q.shape[0]}, {q.shape[1]}, {kv_lora_rank}] with a contiguous last "
+            f"dim, got {tuple(out.shape)} strides {out.stride()}"
+        )
+    if lse_out is not None and (
+        lse_out.shape != q.shape[:2] or lse_out.dtype != torch.float32 or lse_out.stride(-1) != 1
+    ):
+        raise ValueError(
+            f"lse_out must be float32 [{q.shape[0]}, {q.shape[1]}] with a contiguous last dim, "
+            f"got {lse_out.dtype} {tuple(lse_out.shape)}"
+        )
+
+
+def mla_decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    softmax_scale: float,
+    kv_lora_rank: int,
+    query_len: int = 1,
+    k_scale: torch.Tensor | None = None,
+    lse_out: torch.Tensor | None = None,
+    workspace: MlaDecodeWorkspace | None = None,
+    num_splits: int | None = None,
+    causal: bool = True,
+    max_seq_len: int | None = None,
+    config: MlaDecodeConfig | None = None,
+    compiled: list | None = None,
+) -> torch.Tensor:
+    """Absorbed-query MLA decode over a paged latent cache; writes and returns `out`.
+
+    q: [num_tokens, num_heads, kv_lora_rank + rope_dim] (request-major: token t belongs to
+    request t // query_len); kv_cache: [num_blocks, block_size, kv_lora_rank + rope_dim], bf16
+    or float8_e4m3fn (value = stored * k_scale); block_table: int32 [batch, max_blocks];
+    seq_lens: int32 [batch], KV length including the new tokens; out: [num_tokens, num_heads,
+    kv_lora_rank]. Row j of a request sees keys [0, seq_len - query_len + j] (all seq_len keys
+    when `causal=False`). A row that sees no key (seq_len 0, as on a DCP rank holding none of a
+    request) gets output 0 and LSE -inf. `lse_out` (float32 [num_tokens, num_heads]) receives
+    the natural-log LSE. With `workspace` and `num_splits` given, nothing is allocated and the
+    host never waits on the GPU; otherwise `max_seq_len` (or, failing that, a host read of
+    `seq_lens`) feeds the split planner. `config` overrides the table's launch config (tuning);
+    `compiled`, when a list, receives the compiled split kernel (for shared/regs/spills).
+    """
+    _check(q, kv_cache, block_table, seq_lens, out, kv_lora_rank, query_len, k_scale, lse_out)
+    num_tokens, num_heads, _ = q.shape
+    batch = seq_lens.shape[0]
+    rope_dim = SUPPORTED_LATENT[kv_lora_rank]
+    if num_tokens == 0:
+        return out
+    info = device_info(q.device)
+    if num_splits is None:
+        if max_seq_len is None:
+            # Host sync: callers on the hot path pass num_splits (or max_seq_len) instead.
+            max_seq_len = int(seq_lens.max().item()) if batch else 0
+        num_splits, cfg = plan_mla_decode(
+            batch, num_heads, max_seq_len, query_len, info, kv_dtype=kv_cache.dtype, config=config
+        )
+    else:
+        if num_splits < 1:
+            raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+        cfg = config or get_mla_decode_config(
+            info.device_class, _kv_tag(kv_cache.dtype), query_len * num_heads
+        )
+    rows = query_len * num_heads
+    row_groups = triton.cdiv(rows, cfg.block_m)
+    single = num_splits == 1
+
+    if single:
+        o_part = l_part = out  # unused placeholders
+        part_strides = (0, 0, 0, 0, 0)
+    else:
+        need = num_tokens * num_heads * num_splits
+        if workspace is None:
+            workspace = MlaDecodeWorkspace.allocate(
+                num_tokens, num_heads, num_splits, kv_lora_rank, q.device
+            )
+        if workspace.capacity_rows < need or workspace.o_part.shape[1] != kv_lora_rank:
+            raise ValueError(
+                f"workspace holds {workspace.capacity_rows} rows of "
+                f"{workspace.o_part.shape[1]}; this call needs {need} rows of {kv_lora_rank} "
+                f"({num_tokens} tokens x {num_heads} heads x {num_splits} splits)"
+            )
+        o_part = workspace.o_part[:need].view(num_tokens, num_heads, num_splits, kv_lora_rank)
+        l_part = workspace.l_part[:need].view(num_tokens, num_heads, num_splits)
+        part_strides = (
+            o_part.stride(0),
+            o_part.stride(1),
+            o_part.stride(2),
+            l_part.stride(0),
+            l_part.stride(1),
+        )
+
+    has_lse = lse_out is not None
+    lse_arg = lse_out if has_lse else out
+    has_scale = k_scale is not None
+    scale_arg = k_scale if has_scale else out
+    grid = (row_groups * num_splits * batch,)
+    handle = _mla_decode_split_kernel[grid](
+        q,
+        kv_cache,
+        block_table,
+        seq_lens,
+        scale_arg,
+        o_part,
+        l_part,
+        out,
+        lse_arg,
+        q.stride(0),
+        q.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        block_table.stride(0),
+        *part_strides,
+        out.stride(0),
+        out.stride(1),
+        lse_out.stride(0) if has_lse else 0,
+        float(softmax_scale) * _LOG2E,
+        num_heads,
+        query_len,
+        num_splits,
+        row_groups,
+        R=kv_lora_rank,
+        P=rope_dim,
+        PAGE_SIZE=kv_cache.shape[1],
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        CAUSAL=causal,
+        HAS_SCALE=has_scale,
+        SINGLE_SPLIT=single,
+        HAS_LSE=has_lse,
+        DOT_DTYPE=_dot_dtype(q, kv_cache.dtype),
+        PRESCALE_Q=kv_cache.dtype == torch.float8_e4m3fn,
+        RELOAD_V=cfg.reload_v,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    if compiled is not None:
+        compiled.append(handle)
+    if not single:
+        block_r = kv_lora_rank // 4
+        _mla_decode_merge_kernel[(num_tokens, num_heads, kv_lora_rank // block_r)](
+            o_part,
+            l_part,
+            out,
+            lse_arg,
+            *part_strides,
+            out.stride(0),
+            out.stride(1),
+            lse_out.stride(0) if has_lse else 0,
+            num_splits,
+            BLOCK_R=block_r,
+            BLOCK_S=16,
+            HAS_LSE=has_lse,
+            num_warps=4,
+        )
+    return out
+
+
+def mla_decode_flops(num_tokens: int, num_heads: int, context: int, kv_lora_rank: int) -> float:
+    """Matrix FLOPs of one decode call: QK^T over latent+rope and P@V over the latent."""
+    width = kv_lora_rank + SUPPORTED_LATENT[kv_lora_rank]
+    return 2.0 * num_tokens * num_heads * context * (width + kv_lora_rank)
+
+
+__all__ = [
+    "MAX_SPLITS",
+    "MlaDecodeWorkspace",
+    "mla_decode",
+    "mla_decode_flops",
+    "plan_mla_decode",
+]

@@ -1,0 +1,102 @@
+"""Launch configurations of the MLA decode kernel, per device class.
+
+Keyed by device class (`DeviceInfo.device_class`: 'sm90', 'sm100', 'sm120', ...), then by KV
+dtype ('bf16' | 'fp8'), then by the row tile (query rows of one request handled by one program:
+heads x query tokens, 16 / 32 / 64). `benchmarks/tune_mla_decode.py` sweeps candidates on the
+GPU it runs on and prints (or rewrites) the entry of that device class.
+
+Shared memory per block: sm86/89/120 have 101,376 B, sm80 166,912 B, sm90/sm100 232,448 B.
+Every entry here must compile within its class's limit: the pipelined KV tiles cost about
+`num_stages * block_n * 576 * elem_bytes` bytes, plus the query tile and layout scratch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MlaDecodeConfig:
+    """One launch configuration of the split-KV stage."""
+
+    block_m: int  # query rows (heads x tokens of one request) per program: the tl.dot M
+    block_n: int  # keys per tile
+    num_warps: int
+    num_stages: int
+    # Split planner: how many programs one SM runs at once (occupancy), and the fewest keys
+    # one split should hold before splitting more stops paying for the merge.
+    ctas_per_sm: int = 2
+    min_split_keys: int = 128
+    # Read each KV tile a second time (from L2) for P @ V instead of keeping it: lets the fp8
+    # path pipeline its loads and drop the widened copies from registers.
+    reload_v: bool = False
+
+
+C = MlaDecodeConfig
+
+# Row-tile buckets the table is keyed by.
+ROW_TILES: tuple[int, ...] = (16, 32, 64)
+
+# fmt: off
+# Register pressure decides most entries: a tensor-core operand is held whole per warp, and the
+# fp8 path also holds widened (fp16) copies of the tile, so fp8 wants 8 warps and re-reads the
+# tile for P @ V (reload_v). sm90/sm120 entries checked with `tune_mla_decode.py --check`
+# (compiled for that architecture: no spills, shared memory within the class's limit).
+MLA_DECODE_CONFIGS: dict[str, dict[str, dict[int, MlaDecodeConfig]]] = {
+    # Hopper: 227 KiB shared memory. Tuned on an H200 (tune_mla_decode.py --write, 2026-12-02).
+    "sm90": {
+        "bf16": {
+            16: C(16, 64, 4, 3, 2, 128),
+            32: C(16, 64, 4, 3, 2, 128),
+            64: C(64, 32, 8, 2, 1, 128),
+        },
+        "fp8": {
+            16: C(16, 64, 8, 3, 1, 128, True),
+            32: C(32, 32, 8, 3, 1, 128, True),
+            64: C(64, 32, 8, 2, 1, 128, True),
+        },
+    },
+    # Datacenter Blackwell: same shared-memory budget as Hopper; untuned, Hopper's choice.
+    "sm100": {
+        "bf16": {16: C(16, 64, 4, 3, 2, 128), 32: C(16, 64, 4, 3, 2, 128),
+                 64: C(64, 32, 8, 2, 1, 128)},
+        "fp8":  {16: C(16, 64, 8, 3, 1, 128, True), 32: C(32, 32, 8, 3, 1, 128, True),
+                 64: C(64, 32, 8, 2, 1, 128, True)},
+    },
+    # Consumer Blackwell (and sm86/sm89): 101,376 B per block.
+    "sm120": {
+        "bf16": {16: C(16, 32, 4, 2, 2, 128), 32: C(32, 32, 8, 2, 1, 128),
+                 64: C(32, 32, 8, 2, 1, 128)},
+        "fp8":  {16: C(16, 32, 8, 3, 2, 128, True), 32: C(32, 32, 8, 2, 1, 128, True),
+                 64: C(32, 32, 8, 2, 1, 128, True)},
+    },
+    # A100: 163 KiB; untuned. fp8 is widened to fp16 in registers (no fp8 tensor-core path).
+    "sm80": {
+        "bf16": {16: C(16, 32, 4, 3, 2, 128), 32: C(32, 32, 8, 3, 1, 128),
+                 64: C(32, 32, 8, 3, 1, 128)},
+        "fp8":  {16: C(16, 32, 8, 3, 2, 128, True), 32: C(32, 32, 8, 2, 1, 128, True),
+                 64: C(32, 32, 8, 2, 1, 128, True)},
+    },
+}
+# fmt: on
+MLA_DECODE_CONFIGS["sm86"] = MLA_DECODE_CONFIGS["sm120"]
+MLA_DECODE_CONFIGS["sm89"] = MLA_DECODE_CONFIGS["sm120"]
+MLA_DECODE_CONFIGS["sm103"] = MLA_DECODE_CONFIGS["sm100"]
+MLA_DECODE_CONFIGS["sm121"] = MLA_DECODE_CONFIGS["sm120"]
+# Unknown devices (and the CPU interpreter) take the smallest-memory table.
+MLA_DECODE_CONFIGS["default"] = MLA_DECODE_CONFIGS["sm120"]
+
+
+def row_tile_bucket(rows: int) -> int:
+    """The table's row tile for `rows` query rows per request (heads x tokens)."""
+    for tile in ROW_TILES:
+        if rows <= tile:
+            return tile
+    return ROW_TILES[-1]
+
+
+def get_mla_decode_config(device_class: str, kv_tag: str, rows: int) -> MlaDecodeConfig:
+    """The configuration for a device class, KV dtype tag ('bf16' | 'fp8') and row count."""
+    table = MLA_DECODE_CONFIGS.get(device_class, MLA_DECODE_CONFIGS["default"])
+    by_rows = table.get(kv_tag, table["bf16"])
+    return by_rows[row_tile_bucket(rows)]

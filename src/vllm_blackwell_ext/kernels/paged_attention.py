@@ -1,0 +1,880 @@
+"""Paged attention over vLLM 0.32's Triton-backend KV cache, in Triton (the kernel of BWX_ATTN).
+
+Layout. `key_cache`/`value_cache` are [num_blocks, block_size, num_kv_heads, head_size] views
+(vLLM stores [num_blocks, num_kv_heads, block_size, 2 * head_size] and hands us
+`kv_cache.transpose(1, 2).split(head_size, -1)`): only strides are used, never contiguity.
+
+Work split. A program owns one (request, block of BLOCK_Q query tokens) x one KV head and
+processes all GQA query heads of that KV head together (BLOCK_M = BLOCK_Q x GQA rows), so every
+K/V byte is read once per KV head and query block. For query lengths up to 16 (decode,
+spec-verify, DFlash draft blocks) one block holds the whole query, causal or not; when those
+programs cannot fill the GPU, a third grid axis splits the request's KV range into segments
+whose partial outputs and log-sum-exps land in fp32 scratch and a small merge kernel combines
+them (unlike vLLM 0.32, whose split path needs every query length to be 1).
+
+Sliding window (Hugging Face convention, backward-only in both modes): query at absolute
+position p sees keys [p - W + 1, p] (causal) or [p - W + 1, seq_len) (non-causal). The tile
+loop starts at the first tile of the window of the block's first query, so whole tiles before
+the window are never loaded and cost is flat in context length.
+
+fp8 caches (e4m3fn / e5m2) are read as fp8 (half the bytes) and converted in registers to
+fp16 for the tensor-core dots (one native convert per pair of values; to bf16 it takes several
+instructions and made vLLM's fp8 decode slower than its bf16 one). A bf16 query is scaled by a
+power of two into fp16 range, undone in the softmax scale. The per-tensor k scale is folded
+into the softmax scale and the v scale into the output: no extra pass over the tile.
+
+Measured on the H200 (benchmarks/results/h200-paged-attention.md): decode bf16 B=64 at 32k
+reads 4.5 TB/s (1.15x vLLM 0.32's kernel), B=1 at 128k 3.75 TB/s (4.5x), a q=16 verify or
+draft block at 128k 2.8 TB/s (30x), the W=2048 draft layer takes 22-24 us at 4k and 128k.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .device import DeviceInfo, device_info
+from .paged_attention_configs import (
+    MAX_SPLITS,
+    AttnConfig,
+    plan_split_kv,
+    select_config,
+    split_kv_max_rows,
+    split_kv_max_tokens,
+)
+
+__all__ = [
+    "AttnConfig",
+    "SUPPORTED_HEAD_SIZES",
+    "SUPPORTED_KV_DTYPES",
+    "SUPPORTED_Q_DTYPES",
+    "SplitKVWorkspace",
+    "launch_config",
+    "paged_attention",
+    "plan_split_kv",
+    "split_kv_max_tokens",
+]
+
+SUPPORTED_HEAD_SIZES: tuple[int, ...] = (64, 80, 96, 128, 192, 256)
+SUPPORTED_Q_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
+SUPPORTED_KV_DTYPES: tuple[torch.dtype, ...] = (
+    torch.bfloat16,
+    torch.float16,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+)
+
+
+@triton.jit
+def _find_request(cu_q_ptr, q_block_idx, batch, BLOCK_Q: tl.constexpr):
+    """Request owning global query block `q_block_idx` (binary search over cu_seqlens_q).
+
+    Request b's blocks start at cu_q[b] // BLOCK_Q + b: an upper bound on the blocks of all
+    earlier requests that needs no host knowledge of individual query lengths.
+    """
+    lo: tl.int32 = 0
+    hi = batch
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first_block = tl.load(cu_q_ptr + mid) // BLOCK_Q + mid
+        if first_block <= q_block_idx:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _paged_attn_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    lse_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    sink_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    cu_q_ptr,
+    seq_lens_ptr,
+    block_table_ptr,
+    batch,
+    softmax_scale,
+    softcap,
+    window,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_lt,
+    stride_lh,
+    stride_pt,
+    stride_ph,
+    stride_ps,
+    stride_plt,
+    stride_plh,
+    stride_bt,
+    GQA: tl.constexpr,
+    HEAD_K: tl.constexpr,
+    HEAD_V: tl.constexpr,
+    HEAD_K_PAD: tl.constexpr,
+    HEAD_V_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    TILE_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SINKS: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    USE_KV_SCALE: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+    DOT_MODE: tl.constexpr,  # 0: query dtype, 1: fp32 (CPU interpreter), 2: fp16 (fp8 cache)
+):
+    pid_q = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    req = _find_request(cu_q_ptr, pid_q, batch, BLOCK_Q)
+    q_start = tl.load(cu_q_ptr + req)
+    q_len = tl.load(cu_q_ptr + req + 1) - q_start
+    q_block = pid_q - (q_start // BLOCK_Q + req)
+    if q_block * BLOCK_Q >= q_len:
+        return  # the grid is an upper bound: this block lies past the request's queries
+    seq_len = tl.load(seq_lens_ptr + req)
+    ctx_len = seq_len - q_len
+
+    offs_m = tl.arange(0, BLOCK_M)
+    q_local = q_block * BLOCK_Q + offs_m // GQA
+    head = kv_head * GQA + offs_m % GQA
+    # Rows past BLOCK_Q * GQA exist only when GQA is not a power of 2: padding, never stored.
+    row_ok = (offs_m < BLOCK_Q * GQA) & (q_local < q_len)
+    q_pos = ctx_len + q_local  # absolute position of each row's query token
+    tok = (q_start + q_local).to(tl.int64)
+
+    offs_dk = tl.arange(0, HEAD_K_PAD)
+    offs_dv = tl.arange(0, HEAD_V_PAD)
+    dk_ok = offs_dk < HEAD_K
+    dv_ok = offs_dv < HEAD_V
+
+    q = tl.load(
+        q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_dk[None, :],
+        mask=row_ok[:, None] & dk_ok[None, :],
+        other=0.0,
+    )
+    # Key range of the whole block: causal ends at its last query, the window starts at its
+    # first query's window; tiles outside are never visited.
+    pos_first = ctx_len + q_block * BLOCK_Q
+    pos_last = ctx_len + tl.minimum(q_block * BLOCK_Q + BLOCK_Q, q_len) - 1
+    if CAUSAL:
+        k_hi = pos_last + 1
+    else:
+        k_hi = seq_len
+    if USE_WINDOW:
+        k_lo = tl.maximum(pos_first - window + 1, 0)
+    else:
+        k_lo = 0
+    tile_lo = k_lo // TILE_N
+    tile_hi = (k_hi + TILE_N - 1) // TILE_N
+    if NUM_SPLITS > 1:
+        per_split = (tile_hi - tile_lo + NUM_SPLITS - 1) // NUM_SPLITS
+        tile_lo = tile_lo + split * per_split
+        tile_hi = tl.minimum(tile_lo + per_split, tile_hi)
+
+    qk_scale = softmax_scale
+    if USE_KV_SCALE:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
+    if DOT_MODE == 1:
+        # Triton's CPU interpreter multiplies bf16 dot operands as raw bits (3.9): use fp32.
+        q = q.to(tl.float32)
+    elif DOT_MODE == 2:
+        # fp8 cache: dot in fp16, since e4m3/e5m2 -> fp16 is one native convert per pair
+        # (-> bf16 is not). A bf16 query may overflow fp16, so scale it by a power of two
+        # taking max|q| to 2**14 (exact, undone in qk_scale); fp16 keeps 3 more mantissa bits.
+        qf = q.to(tl.float32)
+        amax = tl.max(tl.max(tl.abs(qf), 1), 0)
+        q_mul = tl.exp2(14.0 - tl.where(amax > 0.0, tl.ceil(tl.log2(amax)), 0.0))
+        q = (qf * q_mul).to(tl.float16)
+        qk_scale = qk_scale / q_mul
+    if not USE_SOFTCAP:
+        qk_scale = qk_scale * 1.4426950408889634  # work in log2 units: exp2 is the fast path
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_V_PAD], dtype=tl.float32)
+
+    bt_row = block_table_ptr + req.to(tl.int64) * stride_bt
+    offs_t = tl.arange(0, TILE_N)
+    for j in range(tile_lo, tile_hi):
+        key_pos = j * TILE_N + offs_t
+        key_ok = key_pos < k_hi
+        page = tl.load(bt_row + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+        slot = key_pos % BLOCK_SIZE
+        k = tl.load(
+            k_ptr
+            + page[:, None] * stride_kb
+            + slot[:, None] * stride_ks
+            + kv_head * stride_kh
+            + offs_dk[None, :],
+            mask=key_ok[:, None] & dk_ok[None, :],
+            other=0.0,
+        )
+        s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
+        if USE_SOFTCAP:
+            # softcap * tanh(s / softcap), tanh from exp for portability (interpreter, Triton 3.6)
+            y = s / softcap
+            e = tl.exp(-2.0 * tl.abs(y))
+            t = (1.0 - e) / (1.0 + e)
+            s = softcap * tl.where(y < 0, -t, t) * 1.4426950408889634
+        visible = row_ok[:, None] & key_ok[None, :]
+        if CAUSAL:
+            visible = visible & (key_pos[None, :] <= q_pos[:, None])
+        if USE_WINDOW:
+            visible = visible & (key_pos[None, :] > q_pos[:, None] - window)
+        s = tl.where(visible, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row with nothing visible yet keeps -inf; subtracting 0 then gives exp2(-inf) = 0.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            v_ptr
+            + page[:, None] * stride_vb
+            + slot[:, None] * stride_vs
+            + kv_head * stride_vh
+            + offs_dv[None, :],
+            mask=key_ok[:, None] & dv_ok[None, :],
+            other=0.0,
+        )
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)
+        m_i = m_new
+
+    if USE_KV_SCALE:
+        acc = acc * tl.load(v_scale_ptr)
+
+    if NUM_SPLITS == 1:
+        if USE_SINKS:
+            # The sink is one more logit in the denominator with a zero value vector.
+            sink = tl.load(sink_ptr + head, mask=row_ok, other=float("-inf")) * 1.4426950408889634
+            m_new = tl.maximum(m_i, sink)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.exp2(sink - m_safe)
+            acc = acc * alpha[:, None]
+            m_i = m_new
+        l_div = tl.where(l_i == 0.0, 1.0, l_i)
+        o = acc / l_div[:, None]
+        tl.store(
+            out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_dv[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & dv_ok[None, :],
+        )
+        if WRITE_LSE:
+            lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.log2(l_div)) * 0.6931471805599453)
+            tl.store(lse_ptr + tok * stride_lt + head * stride_lh, lse, mask=row_ok)
+    else:
+        # Partial: normalised output and log2-sum-exp of this segment (empty: 0 and -inf).
+        l_div = tl.where(l_i == 0.0, 1.0, l_i)
+        o = acc / l_div[:, None]
+        part_lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_div))
+        base = tok * stride_pt + head * stride_ph + split * stride_ps
+        tl.store(
+            part_o_ptr + base[:, None] + offs_dv[None, :],
+            o,
+            mask=row_ok[:, None] & dv_ok[None, :],
+        )
+        tl.store(part_lse_ptr + tok * stride_plt + head * stride_plh + split, part_lse, mask=row_ok)
+
+
+@triton.jit
+def _split_kv_merge_kernel(
+    part_o_ptr,
+    part_lse_ptr,
+    out_ptr,
+    lse_ptr,
+    sink_ptr,
+    cu_q_ptr,
+    batch,
+    stride_pt,
+    stride_ph,
+    stride_ps,
+    stride_plt,
+    stride_plh,
+    stride_ot,
+    stride_oh,
+    stride_lt,
+    stride_lh,
+    HEAD_V: tl.constexpr,
+    HEAD_V_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    USE_SINKS: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    if tok >= tl.load(cu_q_ptr + batch):
+        return  # padding rows of the token axis: never written
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_V_PAD)
+    s_ok = offs_s < NUM_SPLITS
+    d_ok = offs_d < HEAD_V
+    lse_s = tl.load(
+        part_lse_ptr + tok * stride_plt + head * stride_plh + offs_s,
+        mask=s_ok,
+        other=float("-inf"),
+    )
+    m = tl.max(lse_s, 0)
+    if USE_SINKS:
+        # The sink joins the denominator once, here, never in the per-split partials.
+        sink = tl.load(sink_ptr + head) * 1.4426950408889634
+        m = tl.maximum(m, sink)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        w = tl.exp2(lse_s - m_safe)
+        denom = tl.sum(w, 0) + tl.exp2(sink - m_safe)
+    else:
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        w = tl.exp2(lse_s - m_safe)
+        denom = tl.sum(w, 0)
+    o = tl.load(
+        part_o_ptr
+        + tok * stride_pt
+        + head * stride_ph
+        + offs_s[:, None] * stride_ps
+        + offs_d[None, :],
+        mask=s_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
+    denom_div = tl.where(denom == 0.0, 1.0, denom)
+    res = tl.sum(o * w[:, None], 0) / denom_div
+    tl.store(
+        out_ptr + tok * stride_ot + head * stride_oh + offs_d,
+        res.to(out_ptr.dtype.element_ty),
+        mask=d_ok,
+    )
+    if WRITE_LSE:
+        lse = tl.where(
+            denom == 0.0, float("-inf"), (m_safe + tl.log2(denom_div)) * 0.6931471805599453
+        )
+        tl.store(lse_ptr + tok * stride_lt + head * stride_lh, lse)
+
+
+@dataclass
+class SplitKVWorkspace:
+    """Caller-owned fp32 scratch of the split-KV path, allocated once (CUDA-graph safe).
+
+    `partial_out` holds rows of (query token x split) partial outputs, [max_rows, H, Dv];
+    `partial_lse` their log2-sum-exps, [max_rows, H]. A launch with T tokens and S splits uses
+    the first T * S rows, viewed as [T, H, S, ...]; `paged_attention` lowers S to what fits.
+    """
+
+    partial_out: torch.Tensor
+    partial_lse: torch.Tensor
+    max_num_tokens: int
+    max_splits: int
+
+    @property
+    def max_rows(self) -> int:
+        return self.partial_out.shape[0]
+
+    @property
+    def num_q_heads(self) -> int:
+        return self.partial_out.shape[1]
+
+    @property
+    def head_size_v(self) -> int:
+        return self.partial_out.shape[2]
+
+    @classmethod
+    def allocate(
+        cls,
+        max_num_tokens: int,
+        num_q_heads: int,
+        head_size_v: int,
+        max_splits: int = MAX_SPLITS,
+        device: torch.device | str | None = None,
+        *,
+        max_rows: int | None = None,
+    ) -> SplitKVWorkspace:
+        """Allocate scratch for up to `max_num_tokens` tokens x `max_splits` splits.
+
+        `max_rows` caps tokens x splits (many splits only ever come with few tokens);
+        default `max_num_tokens * max_splits`.
+        """
+        for name, val in (
+            ("max_num_tokens", max_num_tokens),
+            ("num_q_heads", num_q_heads),
+            ("head_size_v", head_size_v),
+            ("max_splits", max_splits),
+        ):
+            if not isinstance(val, int) or val < 1:
+                raise ValueError(f"{name}: expected a positive int, got {val!r}")
+        rows = max_num_tokens * max_splits if max_rows is None else int(max_rows)
+        if rows < 1:
+            raise ValueError(f"max_rows: expected a positive int, got {max_rows!r}")
+        return cls(
+            partial_out=torch.empty(
+                (rows, num_q_heads, head_size_v), dtype=torch.float32, device=device
+            ),
+            partial_lse=torch.empty((rows, num_q_heads), dtype=torch.float32, device=device),
+            max_num_tokens=max_num_tokens,
+            max_splits=max_splits,
+        )
+
+    @classmethod
+    def for_device(
+        cls,
+        num_q_heads: int,
+        num_kv_heads: int,
+        head_size_v: int,
+        device: torch.device | str | None = None,
+        info: DeviceInfo | None = None,
+    ) -> SplitKVWorkspace:
+        """Scratch for every launch `plan_split_kv` may split on this device (a few MiB)."""
+        info = info if info is not None else device_info(device)
+        return cls.allocate(
+            split_kv_max_tokens(num_kv_heads, info),
+            num_q_heads,
+            head_size_v,
+            MAX_SPLITS,
+            device,
+            max_rows=max(1, split_kv_max_rows(num_kv_heads, info)),
+        )
+
+
+def _check(cond: bool, exc: type[Exception], msg: Callable[[], str]) -> None:
+    # The message is built only on failure: formatting 40 f-strings per call cost ~0.2 ms
+    # of host time per launch, more than a decode step's GPU time.
+    if not cond:
+        raise exc(msg())
+
+
+def _check_cache(name: str, c: torch.Tensor, q: torch.Tensor) -> None:
+    _check(
+        c.dim() == 4,
+        ValueError,
+        lambda: (
+            f"{name}: expected [num_blocks, block_size, num_kv_heads, head_size], "
+            f"got shape {tuple(c.shape)}"
+        ),
+    )
+    if c.dtype == torch.uint8:
+        raise TypeError(
+            f"{name}: got a uint8 cache; view it as the fp8 dtype it holds "
+            f"(e.g. {name}.view(torch.float8_e4m3fn)) before calling"
+        )
+    _check(
+        c.dtype in SUPPORTED_KV_DTYPES,
+        TypeError,
+        lambda: f"{name}: expected dtype in {SUPPORTED_KV_DTYPES}, got {c.dtype}",
+    )
+    _check(
+        c.stride(3) == 1,
+        ValueError,
+        lambda: f"{name}: expected a contiguous head dim, got strides {c.stride()}",
+    )
+    _check(
+        c.device == q.device,
+        ValueError,
+        lambda: f"{name}: expected device {q.device}, got {c.device}",
+    )
+
+
+def _check_head_size(name: str, hs: int) -> None:
+    _check(
+        hs in SUPPORTED_HEAD_SIZES,
+        ValueError,
+        lambda: f"{name}: head size {hs} not in {SUPPORTED_HEAD_SIZES}",
+    )
+
+
+def _check_index_tensor(name: str, t: torch.Tensor, nd: int, q: torch.Tensor) -> None:
+    _check(
+        t.dtype == torch.int32,
+        TypeError,
+        lambda: f"{name}: expected dtype int32, got {t.dtype}",
+    )
+    _check(
+        t.dim() == nd,
+        ValueError,
+        lambda: f"{name}: expected {nd} dims, got shape {tuple(t.shape)}",
+    )
+    _check(
+        t.device == q.device,
+        ValueError,
+        lambda: f"{name}: expected device {q.device}, got {t.device}",
+    )
+
+
+def _check_scale(name: str, sc: torch.Tensor | None, q: torch.Tensor) -> None:
+    if sc is not None:
+        _check(
+            sc.dtype == torch.float32 and sc.numel() >= 1,
+            ValueError,
+            lambda: f"{name}: expected a 1-element fp32 tensor, got {sc.dtype} {tuple(sc.shape)}",
+        )
+        _check(
+            sc.device == q.device,
+            ValueError,
+            lambda: f"{name}: expected device {q.device}, got {sc.device}",
+        )
+
+
+def _validate(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    out: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    sliding_window: int | None,
+    sinks: torch.Tensor | None,
+    softcap: float,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    lse_out: torch.Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+) -> None:
+    """Shape/dtype/device checks on metadata only (never reads device memory)."""
+    _check(
+        q.dim() == 3,
+        ValueError,
+        lambda: f"q: expected [num_tokens, num_q_heads, head_size], got shape {tuple(q.shape)}",
+    )
+    _check(
+        q.dtype in SUPPORTED_Q_DTYPES,
+        TypeError,
+        lambda: f"q: expected dtype bf16 or fp16, got {q.dtype}",
+    )
+    _check(
+        q.stride(2) == 1,
+        ValueError,
+        lambda: f"q: expected a contiguous last dim, got strides {q.stride()}",
+    )
+    for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
+        _check_cache(name, c, q)
+    _check(
+        value_cache.dtype == key_cache.dtype,
+        TypeError,
+        lambda: (
+            f"value_cache: expected the key_cache dtype {key_cache.dtype}, got {value_cache.dtype}"
+        ),
+    )
+    _check(
+        tuple(value_cache.shape[:3]) == tuple(key_cache.shape[:3]),
+        ValueError,
+        lambda: (
+            f"value_cache: expected leading dims {tuple(key_cache.shape[:3])} like key_cache, "
+            f"got {tuple(value_cache.shape[:3])}"
+        ),
+    )
+    num_tokens, num_q_heads, head_size = q.shape
+    _, block_size, num_kv_heads, head_size_k = key_cache.shape
+    head_size_v = value_cache.shape[3]
+    _check(
+        head_size_k == head_size,
+        ValueError,
+        lambda: f"key_cache: expected head_size {head_size} (from q), got {head_size_k}",
+    )
+    for name, hs in (("q", head_size), ("value_cache", head_size_v)):
+        _check_head_size(name, hs)
+    _check(
+        block_size % 16 == 0 and block_size > 0,
+        ValueError,
+        lambda: f"key_cache: expected a block_size multiple of 16, got {block_size}",
+    )
+    _check(
+        num_kv_heads > 0 and num_q_heads % num_kv_heads == 0,
+        ValueError,
+        lambda: (
+            f"q: expected num_q_heads a multiple of num_kv_heads={num_kv_heads}, got {num_q_heads}"
+        ),
+    )
+    _check(
+        tuple(out.shape) == (num_tokens, num_q_heads, head_size_v),
+        ValueError,
+        lambda: (
+            f"out: expected shape {(num_tokens, num_q_heads, head_size_v)}, got {tuple(out.shape)}"
+        ),
+    )
+    _check(
+        out.dtype == q.dtype,
+        TypeError,
+        lambda: f"out: expected dtype {q.dtype} like q, got {out.dtype}",
+    )
+    _check(
+        out.stride(2) == 1,
+        ValueError,
+        lambda: f"out: expected a contiguous last dim, got strides {out.stride()}",
+    )
+    _check(
+        out.device == q.device,
+        ValueError,
+        lambda: f"out: expected device {q.device}, got {out.device}",
+    )
+    for name, t, nd in (
+        ("cu_seqlens_q", cu_seqlens_q, 1),
+        ("seq_lens", seq_lens, 1),
+        ("block_table", block_table, 2),
+    ):
+        _check_index_tensor(name, t, nd, q)
+    batch = seq_lens.shape[0]
+    _check(
+        cu_seqlens_q.shape[0] == batch + 1,
+        ValueError,
+        lambda: (
+            f"cu_seqlens_q: expected batch + 1 = {batch + 1} entries (seq_lens has {batch}), "
+            f"got {cu_seqlens_q.shape[0]}"
+        ),
+    )
+    _check(
+        block_table.shape[0] >= batch and block_table.stride(1) == 1,
+        ValueError,
+        lambda: (
+            f"block_table: expected [batch >= {batch}, max_blocks] with contiguous rows, "
+            f"got shape {tuple(block_table.shape)} strides {block_table.stride()}"
+        ),
+    )
+    _check(
+        isinstance(max_seqlen_q, int) and max_seqlen_q >= 0,
+        ValueError,
+        lambda: f"max_seqlen_q: expected a non-negative int, got {max_seqlen_q!r}",
+    )
+    _check(
+        isinstance(max_seqlen_k, int) and max_seqlen_k >= 0,
+        ValueError,
+        lambda: f"max_seqlen_k: expected a non-negative int, got {max_seqlen_k!r}",
+    )
+    _check(
+        sliding_window is None or (isinstance(sliding_window, int) and sliding_window > 0),
+        ValueError,
+        lambda: f"sliding_window: expected None or a positive int, got {sliding_window!r}",
+    )
+    _check(softcap >= 0.0, ValueError, lambda: f"softcap: expected >= 0 (0 = off), got {softcap}")
+    if sinks is not None:
+        _check(
+            sinks.dtype == torch.float32 and tuple(sinks.shape) == (num_q_heads,),
+            ValueError,
+            lambda: f"sinks: expected fp32 [{num_q_heads}], got {sinks.dtype} {tuple(sinks.shape)}",
+        )
+        _check(
+            sinks.device == q.device,
+            ValueError,
+            lambda: f"sinks: expected device {q.device}, got {sinks.device}",
+        )
+    for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
+        _check_scale(name, sc, q)
+    _check(
+        (k_scale is None) == (v_scale is None),
+        ValueError,
+        lambda: (
+            f"k_scale/v_scale: expected both or neither, "
+            f"got k_scale={'set' if k_scale is not None else None}, "
+            f"v_scale={'set' if v_scale is not None else None}"
+        ),
+    )
+    if lse_out is not None:
+        _check(
+            lse_out.dtype == torch.float32 and tuple(lse_out.shape) == (num_tokens, num_q_heads),
+            ValueError,
+            lambda: (
+                f"lse_out: expected fp32 [{num_tokens}, {num_q_heads}], "
+                f"got {lse_out.dtype} {tuple(lse_out.shape)}"
+            ),
+        )
+        _check(
+            lse_out.device == q.device,
+            ValueError,
+            lambda: f"lse_out: expected device {q.device}, got {lse_out.device}",
+        )
+
+
+def launch_config(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    max_seqlen_q: int,
+    info: DeviceInfo | None = None,
+) -> AttnConfig:
+    """The config `paged_attention` would launch with (for tests and the benchmark)."""
+    info = info if info is not None else device_info(q.device)
+    num_kv_heads = key_cache.shape[2]
+    return select_config(
+        info,
+        head_k_pad=triton.next_power_of_2(key_cache.shape[3]),
+        head_v_pad=triton.next_power_of_2(value_cache.shape[3]),
+        gqa=q.shape[1] // num_kv_heads,
+        max_seqlen_q=max_seqlen_q,
+        kv_elem=key_cache.element_size(),
+        q_elem=q.element_size(),
+    )
+
+
+def paged_attention(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    out: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    *,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool = True,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    softcap: float = 0.0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    lse_out: torch.Tensor | None = None,
+    workspace: SplitKVWorkspace | None = None,
+    num_splits: int | None = None,
+    config: AttnConfig | None = None,
+    compiled: list | None = None,
+    check_inputs: bool = True,
+) -> torch.Tensor:
+    """Attention of `q` over the paged KV cache; writes `out[: cu_seqlens_q[-1]]` and returns it.
+
+    Request b has query tokens q[cu_seqlens_q[b] : cu_seqlens_q[b + 1]] (length L_b) and KV
+    length S_b = seq_lens[b] (its new tokens included, already in the cache); its query i sits
+    at absolute position S_b - L_b + i. Causal: keys <= that position; non-causal: all S_b keys.
+    `sliding_window` W bounds only how far back a query looks (keys >= position - W + 1).
+    `sinks` adds one per-head logit to each softmax denominator (with a zero value).
+    fp8 caches are dequantised as stored * k_scale / v_scale (scale 1 when both are None).
+    `lse_out`, if given, gets the natural-log sum-exp of each row's (scaled, soft-capped)
+    logits, the sink included. `num_splits` overrides the split-KV plan; `config` the tiles;
+    `compiled`, if a list, receives the launched Triton kernels (to read registers/smem).
+    `check_inputs=False` skips the shape/dtype checks (tens of microseconds of host time) for
+    callers that validated the same layout once, e.g. an attention backend's forward.
+    With a `workspace`, nothing here allocates or reads device memory on the host.
+    """
+    if check_inputs:
+        _validate(
+            q, key_cache, value_cache, out, cu_seqlens_q, seq_lens, block_table,
+            sliding_window, sinks, softcap, k_scale, v_scale, lse_out, max_seqlen_q, max_seqlen_k,
+        )  # fmt: skip
+    num_tokens, num_q_heads, head_size = q.shape
+    batch = seq_lens.shape[0]
+    num_kv_heads = key_cache.shape[2]
+    head_size_v = value_cache.shape[3]
+    if num_tokens == 0 or batch == 0 or max_seqlen_q == 0:
+        return out
+    info = device_info(q.device)
+    cfg = (
+        config
+        if config is not None
+        else launch_config(q, key_cache, value_cache, max_seqlen_q, info)
+    )
+
+    splits = (
+        num_splits
+        if num_splits is not None
+        else plan_split_kv(num_tokens, max_seqlen_q, max_seqlen_k, num_kv_heads, info)
+    )
+    if max_seqlen_q > cfg.block_q:
+        splits = 1  # several query blocks per request: the grid is already wide (prefill)
+    if splits > 1 and workspace is not None:
+        _check(
+            workspace.num_q_heads == num_q_heads and workspace.head_size_v == head_size_v,
+            ValueError,
+            lambda: (
+                f"workspace: expected [*, {num_q_heads}, {head_size_v}] scratch, got "
+                f"[*, {workspace.num_q_heads}, {workspace.head_size_v}]"
+            ),
+        )
+        _check(
+            workspace.partial_out.device == q.device,
+            ValueError,
+            lambda: f"workspace: expected device {q.device}, got {workspace.partial_out.device}",
+        )
+        splits = min(splits, workspace.max_splits, workspace.max_rows // num_tokens)
+    if splits > 1:
+        if workspace is None:
+            part_o = torch.empty(
+                (num_tokens, num_q_heads, splits, head_size_v), dtype=torch.float32, device=q.device
+            )
+            part_lse = torch.empty(
+                (num_tokens, num_q_heads, splits), dtype=torch.float32, device=q.device
+            )
+        else:
+            # Views of the first tokens x splits rows: no allocation, no host sync.
+            n_o = num_tokens * num_q_heads * splits * head_size_v
+            n_l = num_tokens * num_q_heads * splits
+            part_o = workspace.partial_out.view(-1)[:n_o].view(
+                num_tokens, num_q_heads, splits, head_size_v
+            )
+            part_lse = workspace.partial_lse.view(-1)[:n_l].view(num_tokens, num_q_heads, splits)
+    else:
+        splits = 1
+        part_o, part_lse = out, out  # placeholders: the NUM_SPLITS == 1 branch never touches them
+
+    num_q_blocks = num_tokens // cfg.block_q + batch  # upper bound; surplus blocks exit at once
+    lse_t = lse_out if lse_out is not None else out
+    lse_strides = (lse_t.stride(0), lse_t.stride(1)) if lse_out is not None else (0, 0)
+    po_strides = part_o.stride()[:3] if splits > 1 else (0, 0, 0)
+    pl_strides = part_lse.stride()[:2] if splits > 1 else (0, 0)
+    if key_cache.element_size() == 1 and cfg.fp8_dot_fp16:
+        dot_mode = 2
+    elif q.device.type == "cpu" and q.dtype == torch.bfloat16:
+        dot_mode = 1
+    else:
+        dot_mode = 0
+    head_k_pad = triton.next_power_of_2(head_size)
+    head_v_pad = triton.next_power_of_2(head_size_v)
+    dummy_f32 = sinks if sinks is not None else (k_scale if k_scale is not None else lse_t)
+    handle = _paged_attn_kernel[(num_q_blocks, num_kv_heads, splits)](
+        q, key_cache, value_cache, out, lse_t, part_o, part_lse,
+        sinks if sinks is not None else dummy_f32,
+        k_scale if k_scale is not None else dummy_f32,
+        v_scale if v_scale is not None else dummy_f32,
+        cu_seqlens_q, seq_lens, block_table,
+        batch, float(softmax_scale), float(softcap), int(sliding_window or 0),
+        q.stride(0), q.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        out.stride(0), out.stride(1),
+        *lse_strides, *po_strides, *pl_strides,
+        block_table.stride(0),
+        GQA=num_q_heads // num_kv_heads,
+        HEAD_K=head_size, HEAD_V=head_size_v, HEAD_K_PAD=head_k_pad, HEAD_V_PAD=head_v_pad,
+        BLOCK_SIZE=key_cache.shape[1], BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_q, TILE_N=cfg.tile_n,
+        NUM_SPLITS=splits, CAUSAL=bool(causal), USE_WINDOW=sliding_window is not None,
+        USE_SINKS=sinks is not None, USE_SOFTCAP=softcap > 0.0, USE_KV_SCALE=k_scale is not None,
+        WRITE_LSE=lse_out is not None, DOT_MODE=dot_mode,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if compiled is not None:
+        compiled.append(handle)
+    if splits > 1:
+        _split_kv_merge_kernel[(num_tokens, num_q_heads)](
+            part_o, part_lse, out, lse_t,
+            sinks if sinks is not None else dummy_f32,
+            cu_seqlens_q, batch,
+            *po_strides, *pl_strides,
+            out.stride(0), out.stride(1),
+            *lse_strides,
+            HEAD_V=head_size_v, HEAD_V_PAD=head_v_pad,
+            NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits),
+            USE_SINKS=sinks is not None, WRITE_LSE=lse_out is not None,
+            num_warps=4,
+        )  # fmt: skip
+    return out

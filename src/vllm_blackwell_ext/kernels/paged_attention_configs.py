@@ -1,0 +1,150 @@
+"""Launch configurations of the paged-attention kernel, chosen per device from its limits.
+
+One place holds every tile-size decision so the adapter, the tests and the benchmark see the
+same choice, and so a config for a device we do not have (sm120: 101,376 B of shared memory
+per block) can be compiled and checked on the one we do (the H200's GPU test does exactly that).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import triton
+
+from .device import DeviceInfo
+
+# Query lengths up to this take the decode-shaped config and may be split along the KV axis:
+# decode (1), spec-verify and DFlash draft blocks (up to 16).
+SPLIT_KV_MAX_QUERY_LEN = 16
+# A split below this many keys costs more in launch and merge than it buys in parallelism.
+MIN_KEYS_PER_SPLIT = 256
+# Upper bound on splits; 64 splits x 8 KV heads already gives 4 programs per SM on 132 SMs.
+MAX_SPLITS = 64
+# Programs per SM a split launch aims at: two waves of the ~2 decode programs (~200 registers
+# x 128 threads each) that fit on an SM at once; enough bytes in flight to saturate HBM.
+TARGET_PROGRAMS_PER_SM = 4
+# Launches with at least this many (request, KV head) programs per SM are not split.
+MIN_PROGRAMS_PER_SM = 2
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    """Tile sizes and launch knobs of one `_paged_attn_kernel` specialisation."""
+
+    block_m: int  # query rows per program: BLOCK_Q tokens x GQA heads of one KV head
+    block_q: int  # query tokens per program
+    tile_n: int  # keys per inner-loop step
+    num_warps: int
+    num_stages: int
+    # fp8 caches: convert tiles to fp16 for the dots (one native cvt per pair of values)
+    # instead of to the query dtype (bf16: several instructions per value).
+    fp8_dot_fp16: bool = True
+
+    def smem_estimate(self, head_k_pad: int, head_v_pad: int, kv_elem: int, q_elem: int) -> int:
+        """Bytes of shared memory the pipelined loop needs (what Triton allocates, roughly).
+
+        K and V tiles for each stage, plus Q and the converted tiles when the cache is fp8
+        (they are staged again in the query dtype for the tensor-core dot).
+        """
+        kv = self.num_stages * self.tile_n * (head_k_pad + head_v_pad) * kv_elem
+        q = self.block_m * head_k_pad * q_elem
+        convert = self.tile_n * (head_k_pad + head_v_pad) * q_elem if kv_elem == 1 else 0
+        p = self.block_m * self.tile_n * q_elem
+        return kv + q + convert + p
+
+
+@functools.lru_cache(maxsize=1024)
+def select_config(
+    info: DeviceInfo,
+    *,
+    head_k_pad: int,
+    head_v_pad: int,
+    gqa: int,
+    max_seqlen_q: int,
+    kv_elem: int,
+    q_elem: int = 2,
+) -> AttnConfig:
+    """Pick the kernel config for a launch; depends only on host-side ints (capture-safe)."""
+    head_max = max(head_k_pad, head_v_pad)
+    gqa_pad = triton.next_power_of_2(gqa)
+    if max_seqlen_q <= SPLIT_KV_MAX_QUERY_LEN:
+        # Decode/verify: one program holds every query token of the request for one KV head,
+        # so each K/V byte is read once per KV head whatever the query length.
+        block_m = max(16, triton.next_power_of_2(max_seqlen_q * gqa))
+        block_m = min(block_m, max(128 if head_max <= 128 else 64, gqa_pad))
+    else:
+        # Prefill: large query tiles for tensor-core efficiency; smaller for wide heads to
+        # keep the fp32 accumulator in registers.
+        block_m = 128 if head_max <= 128 else 64
+        block_m = max(block_m, gqa_pad)
+    block_q = max(1, block_m // gqa)
+    # Same bytes per step whatever the cache dtype: fp8 tiles cover twice the keys.
+    tile_n = 64 if head_max <= 128 else 32
+    if kv_elem == 1:
+        tile_n *= 2
+    num_warps = 8 if block_m * head_max >= 128 * 128 or block_m >= 128 else 4
+    limit = int(info.smem_per_block * 0.9)  # margin for Triton's own layout scratch
+    # Bytes in flight per program are stages x tile: keep 2-3 stages and shrink the tile
+    # before falling back to a single (unpipelined) stage.
+    candidates = [(st, tile_n >> k) for k in range(4) for st in (3, 2) if tile_n >> k >= 16]
+    candidates.append((1, 16))
+    for stages, tile in candidates:
+        cfg = AttnConfig(block_m, block_q, tile, num_warps, stages)
+        if cfg.smem_estimate(head_k_pad, head_v_pad, kv_elem, q_elem) <= limit:
+            return cfg
+    return cfg
+
+
+def plan_split_kv(
+    num_query_tokens: int,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    num_kv_heads: int,
+    device_info: DeviceInfo,
+    *,
+    max_splits: int = MAX_SPLITS,
+) -> int:
+    """How many KV segments a launch uses (1 = no split). Pure host arithmetic on ints.
+
+    Split only decode-shaped launches (query length <= 16) whose (request, KV head) grid would
+    leave SMs idle. The number of requests is at least ceil(tokens / max_seqlen_q), so the grid
+    has at least that many programs per KV head; splits bring it to at most
+    TARGET_PROGRAMS_PER_SM per SM (whole waves), never below MIN_KEYS_PER_SPLIT keys per split.
+    """
+    if max_seqlen_q < 1 or max_seqlen_q > SPLIT_KV_MAX_QUERY_LEN or num_query_tokens < 1:
+        return 1
+    min_requests = -(-num_query_tokens // max_seqlen_q)
+    base_programs = min_requests * num_kv_heads
+    if base_programs >= device_info.num_sms * MIN_PROGRAMS_PER_SM:
+        return 1  # enough programs already: a split only adds the merge (H200: B=64 lost 10%)
+    # Round DOWN to whole waves: with ~2 programs resident per SM, 9 splits x 64 programs
+    # (2.2 waves) ran at 2441 GB/s on the H200 where 4 (1 wave) ran at 3029 and 18 at 2981.
+    target = device_info.num_sms * TARGET_PROGRAMS_PER_SM
+    splits = target // base_programs
+    splits = min(splits, max_seqlen_k // MIN_KEYS_PER_SPLIT, max_splits)
+    return max(1, splits)
+
+
+def split_kv_max_tokens(num_kv_heads: int, device_info: DeviceInfo) -> int:
+    """The most query tokens for which `plan_split_kv` can answer more than one split.
+
+    Size `SplitKVWorkspace.max_num_tokens` with this: larger launches never split.
+    """
+    max_requests = -(-device_info.num_sms * MIN_PROGRAMS_PER_SM // num_kv_heads)
+    return max_requests * SPLIT_KV_MAX_QUERY_LEN
+
+
+def split_kv_max_rows(num_kv_heads: int, device_info: DeviceInfo) -> int:
+    """The most (query token x split) rows `plan_split_kv` can ask for, over all launches.
+
+    Many splits come only with few tokens, so this is far below
+    split_kv_max_tokens * MAX_SPLITS: it is what `SplitKVWorkspace.for_device` allocates.
+    """
+    best = 0
+    for tokens in range(1, split_kv_max_tokens(num_kv_heads, device_info) + 1):
+        for q_len in (1, SPLIT_KV_MAX_QUERY_LEN):
+            splits = plan_split_kv(tokens, q_len, 1 << 30, num_kv_heads, device_info)
+            if splits > 1:
+                best = max(best, tokens * splits)
+    return best

@@ -1,0 +1,385 @@
+"""MLA decode kernel vs the pure-torch reference (`reference/mla_decode.py`).
+
+CPU (TRITON_INTERPRET=1): small shapes, hypothesis-driven, a few seconds each. GPU: real
+sizes (576 and 288 widths, bf16 and fp8 caches, query lengths 1..8, 1 to many splits, contexts
+that are not multiples of the page), skipped on the CPU.
+
+Tolerances. The reference is fp32 throughout. The kernel keeps scores, softmax statistics and
+the accumulator in fp32 but feeds tensor cores bf16 operands: the probabilities P are rounded
+to bf16 before P @ V (relative error 2^-9 each, averaging out over keys), and the output is
+stored in bf16 (relative 2^-9). With |values| ~ 1 (randn), that bounds the output error to a few
+1e-3 absolute; we allow 2e-2 absolute + 2e-2 relative for bf16 outputs. The LSE comes from fp32
+statistics of bf16-exact products: 1e-3 absolute (its values are ~5). An fp8 cache widens to
+fp16 exactly (the kernel's fp8 operand type; q is pre-scaled and rounded to fp16, relative
+2^-11, finer than bf16), and the reference sees the same dequantised values, so the same
+tolerances hold.
+Under the interpreter the tensor-core operands are fp32 (see `_dot_dtype`), so the error there
+is only the bf16 store.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_blackwell_ext.kernels.device import CPU_DEVICE_INFO, DeviceInfo
+from vllm_blackwell_ext.kernels.mla_decode import (
+    MAX_SPLITS,
+    MlaDecodeWorkspace,
+    mla_decode,
+    plan_mla_decode,
+)
+from vllm_blackwell_ext.kernels.mla_decode_configs import MLA_DECODE_CONFIGS
+from vllm_blackwell_ext.reference.mla_decode import mla_decode_reference
+
+ON_GPU = torch.cuda.is_available()
+gpu_only = pytest.mark.skipif(not ON_GPU, reason="real-size MLA decode needs a CUDA GPU")
+
+OUT_ATOL = 2e-2
+OUT_RTOL = 2e-2
+LSE_ATOL = 1e-3
+ROPE = {512: 64, 256: 32}
+
+
+def _make_case(
+    *,
+    device: str,
+    kv_lora_rank: int,
+    num_heads: int,
+    seq_lens: list[int],
+    query_len: int,
+    block_size: int,
+    fp8: bool,
+    seed: int,
+    strided_cache: bool = False,
+) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    width = kv_lora_rank + ROPE[kv_lora_rank]
+    batch = len(seq_lens)
+    pages_per_seq = max(1, max(math.ceil(s / block_size) for s in seq_lens))
+    num_blocks = batch * pages_per_seq + 3
+    # Pages are handed out in a shuffled order so the block table is really followed.
+    block_table = torch.randperm(num_blocks, generator=g)[: batch * pages_per_seq]
+    block_table = block_table.view(batch, pages_per_seq).to(torch.int32)
+    cache = torch.randn(num_blocks, block_size, width + (8 if strided_cache else 0), generator=g)
+    k_scale = None
+    if fp8:
+        # Stored values span e4m3's range; the scale brings them back to ~N(0, 1).
+        cache = (cache * 8).to(torch.float8_e4m3fn)
+        k_scale = torch.tensor([0.125], dtype=torch.float32)
+    else:
+        cache = cache.to(torch.bfloat16)
+    if strided_cache:
+        cache = cache[..., :width]  # a view whose token stride is not the row width
+    q = torch.randn(batch * query_len, num_heads, width, generator=g).to(torch.bfloat16)
+    case = dict(
+        q=q,
+        kv_cache=cache,
+        block_table=block_table,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        k_scale=k_scale,
+        softmax_scale=width**-0.5,
+        kv_lora_rank=kv_lora_rank,
+        query_len=query_len,
+    )
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+
+
+def _run(case: dict, num_splits: int | None, causal: bool = True) -> tuple[torch.Tensor, ...]:
+    q = case["q"]
+    out = torch.empty(q.shape[0], q.shape[1], case["kv_lora_rank"], dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
+    mla_decode(
+        q,
+        case["kv_cache"],
+        case["block_table"],
+        case["seq_lens"],
+        out,
+        softmax_scale=case["softmax_scale"],
+        kv_lora_rank=case["kv_lora_rank"],
+        query_len=case["query_len"],
+        k_scale=case["k_scale"],
+        lse_out=lse,
+        num_splits=num_splits,
+        causal=causal,
+    )
+    ref_out, ref_lse = mla_decode_reference(
+        q.cpu(),
+        case["kv_cache"].cpu(),
+        case["block_table"].cpu(),
+        case["seq_lens"].cpu(),
+        softmax_scale=case["softmax_scale"],
+        kv_lora_rank=case["kv_lora_rank"],
+        query_len=case["query_len"],
+        k_scale=None if case["k_scale"] is None else case["k_scale"].cpu(),
+        causal=causal,
+    )
+    return out.float().cpu(), lse.cpu(), ref_out, ref_lse
+
+
+def _assert_close(out, lse, ref_out, ref_lse) -> None:
+    assert torch.isfinite(out).all(), "output has NaN/inf"
+    assert not torch.isnan(lse).any(), "LSE has NaN"
+    torch.testing.assert_close(out, ref_out, atol=OUT_ATOL, rtol=OUT_RTOL)
+    # -inf rows (no visible key) must match exactly; finite rows within LSE_ATOL.
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+    fin = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse[fin], ref_lse[fin], atol=LSE_ATOL, rtol=0)
+
+
+# ---------------------------------------------------------------- CPU interpreter (small) ----
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    kv_lora_rank=st.sampled_from([256, 512]),
+    num_heads=st.sampled_from([1, 4, 16, 20]),
+    seq_lens=st.lists(st.integers(0, 70), min_size=1, max_size=3),
+    query_len=st.integers(1, 3),
+    block_size=st.sampled_from([1, 16, 32]),
+    fp8=st.booleans(),
+    num_splits=st.sampled_from([None, 1, 2, 5]),
+    seed=st.integers(0, 2**16),
+)
+def test_matches_reference_on_random_small_cases(
+    device, kv_lora_rank, num_heads, seq_lens, query_len, block_size, fp8, num_splits, seed
+):
+    case = _make_case(
+        device=device,
+        kv_lora_rank=kv_lora_rank,
+        num_heads=num_heads,
+        seq_lens=seq_lens,
+        query_len=query_len,
+        block_size=block_size,
+        fp8=fp8,
+        seed=seed,
+    )
+    _assert_close(*_run(case, num_splits))
+
+
+def test_empty_sequence_gives_zero_output_and_minus_inf_lse(device):
+    # As on a DCP rank that holds no token of request 1; split count large enough that most
+    # splits of every request are empty too.
+    case = _make_case(
+        device=device,
+        kv_lora_rank=256,
+        num_heads=4,
+        seq_lens=[9, 0, 3],
+        query_len=1,
+        block_size=16,
+        fp8=False,
+        seed=1,
+    )
+    out, lse, ref_out, ref_lse = _run(case, num_splits=4)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    assert torch.isneginf(lse[1]).all()
+    _assert_close(out, lse, ref_out, ref_lse)
+
+
+def test_causal_rows_see_only_their_prefix_and_noncausal_rows_see_all(device):
+    # seq_len 2 with 3 query rows: row 0 sees nothing, row 1 key 0, row 2 keys 0..1.
+    case = _make_case(
+        device=device,
+        kv_lora_rank=256,
+        num_heads=2,
+        seq_lens=[2, 40],
+        query_len=3,
+        block_size=16,
+        fp8=True,
+        seed=2,
+    )
+    out, lse, ref_out, ref_lse = _run(case, num_splits=2)
+    assert torch.isneginf(lse[0]).all() and torch.isfinite(lse[1:]).all()
+    _assert_close(out, lse, ref_out, ref_lse)
+    _assert_close(*_run(case, num_splits=2, causal=False))
+
+
+def test_strided_cache_view_is_read_through_its_strides(device):
+    case = _make_case(
+        device=device,
+        kv_lora_rank=256,
+        num_heads=4,
+        seq_lens=[33],
+        query_len=1,
+        block_size=16,
+        fp8=False,
+        seed=3,
+        strided_cache=True,
+    )
+    assert not case["kv_cache"].is_contiguous()
+    _assert_close(*_run(case, num_splits=2))
+
+
+def test_preallocated_workspace_and_splits_give_the_same_result(device):
+    case = _make_case(
+        device=device,
+        kv_lora_rank=256,
+        num_heads=4,
+        seq_lens=[50, 17],
+        query_len=1,
+        block_size=16,
+        fp8=False,
+        seed=4,
+    )
+    q = case["q"]
+    ws = MlaDecodeWorkspace.allocate(q.shape[0], q.shape[1], 3, 256, device=device)
+    out = torch.empty(q.shape[0], q.shape[1], 256, dtype=q.dtype, device=device)
+    args = (q, case["kv_cache"], case["block_table"], case["seq_lens"], out)
+    kw = dict(softmax_scale=case["softmax_scale"], kv_lora_rank=256)
+    mla_decode(*args, **kw, workspace=ws, num_splits=3)
+    first = out.clone()
+    mla_decode(*args, **kw, num_splits=3)
+    assert torch.equal(first, out)
+    with pytest.raises(ValueError, match="workspace"):
+        mla_decode(*args, **kw, workspace=ws, num_splits=4)
+
+
+@pytest.mark.parametrize(
+    "change, exc, match",
+    [
+        (dict(kv_lora_rank=128), ValueError, "kv_lora_rank"),
+        (dict(fp8_without_scale=True), ValueError, "k_scale"),
+        (dict(query_len=9), ValueError, "query_len"),
+        (dict(seq_lens_int64=True), TypeError, "seq_lens"),
+        (dict(kv_fp16=True), TypeError, "kv_cache"),
+    ],
+)
+def test_bad_input_is_refused_naming_the_argument(device, change, exc, match):
+    case = _make_case(
+        device=device,
+        kv_lora_rank=256,
+        num_heads=2,
+        seq_lens=[4],
+        query_len=1,
+        block_size=16,
+        fp8=False,
+        seed=5,
+    )
+    q, kv, seq = case["q"], case["kv_cache"], case["seq_lens"]
+    scale = None
+    rank = change.get("kv_lora_rank", 256)
+    if change.get("fp8_without_scale"):
+        kv = kv.to(torch.float8_e4m3fn)
+    if change.get("seq_lens_int64"):
+        seq = seq.long()
+    if change.get("kv_fp16"):
+        kv = kv.half()
+    out = torch.empty(q.shape[0], q.shape[1], 256, dtype=q.dtype, device=device)
+    with pytest.raises(exc, match=match):
+        mla_decode(
+            q,
+            kv,
+            case["block_table"],
+            seq,
+            out,
+            softmax_scale=0.1,
+            kv_lora_rank=rank,
+            query_len=change.get("query_len", 1),
+            k_scale=scale,
+        )
+
+
+def test_planner_fills_the_gpu_for_one_long_and_many_short_requests():
+    h200 = DeviceInfo("H200", (9, 0), num_sms=132, smem_per_block=232_448)
+    one_long, cfg = plan_mla_decode(1, 16, 131072, 1, h200)
+    assert one_long * cfg.block_m >= 16 and one_long >= 132  # one request spreads over all SMs
+    many_short, _ = plan_mla_decode(256, 16, 4096, 1, h200)
+    assert many_short == 1  # 256 programs already fill 132 SMs
+    tiny, _ = plan_mla_decode(1, 16, 100, 1, h200)
+    assert tiny == 1  # splitting 100 keys would cost more in the merge than it gains
+    assert plan_mla_decode(1, 16, 10**7, 1, h200)[0] <= MAX_SPLITS
+    # A workspace sized by for_plans fits every plan up to its batch size.
+    ws = MlaDecodeWorkspace.for_plans(64, 16, 131072, 1, 512, "cpu", info=h200)
+    for b in (1, 2, 7, 64):
+        s, _ = plan_mla_decode(b, 16, 131072, 1, h200)
+        assert s == 1 or ws.capacity_rows >= b * 16 * s
+
+
+def test_config_table_covers_every_device_class_and_row_tile():
+    for cls in ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120", "default"):
+        for tag in ("bf16", "fp8"):
+            for rows, cfg in MLA_DECODE_CONFIGS[cls][tag].items():
+                assert cfg.block_m <= max(rows, 16) and cfg.block_n >= 16
+    assert CPU_DEVICE_INFO.device_class == "cpu"
+
+
+# ------------------------------------------------------------------------ GPU (real size) ----
+
+
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_lora_rank", [512, 256])
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize(
+    "num_heads, seq_lens, query_len, block_size, num_splits",
+    [
+        (16, [4097, 1, 777, 0], 1, 64, None),
+        (16, [20000], 1, 64, None),  # planner picks many splits
+        (128, [3000, 1500], 1, 16, None),  # two 64-row tiles per request
+        (16, [5000, 3], 4, 32, 7),  # MTP rows, causal
+        (8, [2049, 100], 8, 1, 3),  # page size 1
+        (32, [1000], 2, 64, 1),  # single split: fused epilogue
+    ],
+)
+def test_real_sizes_match_reference(
+    kv_lora_rank, fp8, num_heads, seq_lens, query_len, block_size, num_splits
+):
+    case = _make_case(
+        device="cuda",
+        kv_lora_rank=kv_lora_rank,
+        num_heads=num_heads,
+        seq_lens=seq_lens,
+        query_len=query_len,
+        block_size=block_size,
+        fp8=fp8,
+        seed=len(seq_lens) + num_heads,
+    )
+    _assert_close(*_run(case, num_splits))
+
+
+@gpu_only
+@pytest.mark.gpu
+def test_cuda_graph_replay_with_workspace_matches_eager():
+    case = _make_case(
+        device="cuda",
+        kv_lora_rank=512,
+        num_heads=16,
+        seq_lens=[3000, 200],
+        query_len=1,
+        block_size=64,
+        fp8=True,
+        seed=7,
+    )
+    q = case["q"]
+    ws = MlaDecodeWorkspace.allocate(q.shape[0], 16, 8, 512, device="cuda")
+    out = torch.empty(q.shape[0], 16, 512, dtype=q.dtype, device="cuda")
+    lse = torch.empty(q.shape[0], 16, dtype=torch.float32, device="cuda")
+
+    def step():
+        mla_decode(
+            q,
+            case["kv_cache"],
+            case["block_table"],
+            case["seq_lens"],
+            out,
+            softmax_scale=case["softmax_scale"],
+            kv_lora_rank=512,
+            k_scale=case["k_scale"],
+            lse_out=lse,
+            workspace=ws,
+            num_splits=8,
+        )
+
+    step()  # compile outside capture
+    eager = out.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)

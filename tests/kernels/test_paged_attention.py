@@ -1,0 +1,529 @@
+"""Paged attention kernel (BWX_ATTN) against the pure-torch reference.
+
+CPU: Triton's interpreter on small shapes (hypothesis over lengths, block tables, windows,
+causal flag, sinks, softcap, dtypes, split counts). GPU: real sizes, every head size and block
+size, and the sm120 configs compiled within 101,376 B of shared memory.
+
+Tolerances (output compared in fp32 against an fp32 reference that reads the same cache values):
+- bf16 queries: 3e-2 abs + 3e-2 rel. The kernel rounds P to bf16 before the P.V dot on the GPU
+  (8 mantissa bits: 2**-8 relative per weight) and rounds the output to bf16 (another 2**-8);
+  outputs are convex mixes of values of magnitude <= ~4, so a few bf16 ulps of 4 is ~3e-2.
+- fp16 queries: 1e-2 abs + 1e-2 rel, the same reasoning with 11 mantissa bits and margin for
+  the online-softmax rescaling order.
+- fp8 caches: same as the query dtype. The reference dequantises the very fp8 values the kernel
+  reads (stored * scale, exact in fp32) and e4m3/e5m2 values convert exactly to bf16/fp16; the
+  kernel folds the scales into the softmax scale and the output, which moves only roundings.
+- lse: 2e-3 abs + 1e-3 rel: q.k products of bf16/fp16 values are exact in fp32 and summed in fp32.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import triton
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vllm_blackwell_ext.kernels.device import DeviceInfo
+from vllm_blackwell_ext.kernels.paged_attention import (
+    SUPPORTED_HEAD_SIZES,
+    SplitKVWorkspace,
+    launch_config,
+    paged_attention,
+    plan_split_kv,
+)
+from vllm_blackwell_ext.kernels.paged_attention_configs import (
+    MAX_SPLITS,
+    SPLIT_KV_MAX_QUERY_LEN,
+    select_config,
+    split_kv_max_rows,
+    split_kv_max_tokens,
+)
+from vllm_blackwell_ext.reference.paged_attention import paged_attention_ref
+
+ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+DEVICE = "cuda" if ON_GPU else "cpu"
+gpu_only = pytest.mark.skipif(
+    not ON_GPU, reason="real sizes need a CUDA GPU (interpreter too slow)"
+)
+
+H200 = DeviceInfo("H200", (9, 0), num_sms=132, smem_per_block=232_448)
+SM120 = DeviceInfo("RTX 5090", (12, 0), num_sms=170, smem_per_block=101_376)
+TOL = {torch.bfloat16: 3e-2, torch.float16: 1e-2}
+
+
+def make_case(
+    q_lens: list[int],
+    seq_lens: list[int],
+    *,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    block_size: int,
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype | None = None,
+    pad_tokens: int = 2,
+    seed: int = 0,
+    device: str = DEVICE,
+) -> dict:
+    """Inputs in vLLM 0.32's layout: one [blocks, kv_heads, block_size, 2 * D] tensor, viewed.
+
+    Pages are shuffled, block-table rows carry junk past each request's pages, and q/out carry
+    `pad_tokens` rows past cu_seqlens_q[-1] (vLLM pads to CUDA-graph sizes).
+    """
+    g = torch.Generator().manual_seed(seed)
+    pages = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(pages) + 3
+    max_pages = max(pages) + 2
+    kv = torch.randn(num_blocks, num_kv_heads, block_size, 2 * head_size, generator=g)
+    if kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        kv = (kv * 2.0).to(kv_dtype)  # stored values; the scales below bring them back
+    else:
+        kv = kv.to(dtype)
+    kv = kv.to(device)
+    key_cache, value_cache = kv.transpose(1, 2).split(head_size, dim=-1)
+    perm = torch.randperm(num_blocks, generator=g).to(torch.int32)
+    block_table = torch.randint(0, num_blocks, (len(seq_lens), max_pages), generator=g).int()
+    used = 0
+    for b, n in enumerate(pages):
+        block_table[b, :n] = perm[used : used + n]
+        used += n
+    total = sum(q_lens)
+    q = torch.randn(total + pad_tokens, num_q_heads, head_size, generator=g).to(dtype)
+    cu = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(q_lens).cumsum(0)
+    return dict(
+        q=q.to(device),
+        key_cache=key_cache,
+        value_cache=value_cache,
+        cu_seqlens_q=cu.to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_table=block_table.to(device),
+        max_seqlen_q=max(q_lens),
+        max_seqlen_k=max(seq_lens),
+        total=total,
+    )
+
+
+def run_both(case: dict, **kw) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run kernel and reference; return (out, lse, ref_out, ref_lse) for the valid rows."""
+    q = case["q"]
+    total = case["total"]
+    out = torch.full(
+        (q.shape[0], q.shape[1], case["value_cache"].shape[3]), 7.0, dtype=q.dtype, device=q.device
+    )
+    lse = torch.full((q.shape[0], q.shape[1]), 7.0, dtype=torch.float32, device=q.device)
+    args = (case["q"], case["key_cache"], case["value_cache"])
+    meta = (case["cu_seqlens_q"], case["seq_lens"], case["block_table"])
+    paged_attention(
+        *args,
+        out,
+        *meta,
+        max_seqlen_q=case["max_seqlen_q"],
+        max_seqlen_k=case["max_seqlen_k"],
+        lse_out=lse,
+        **kw,
+    )
+    ref_kw = {k: v for k, v in kw.items() if k not in ("workspace", "num_splits", "config")}
+    ref_out, ref_lse = paged_attention_ref(*args, *meta, **ref_kw)
+    # Rows past the last request are never written.
+    assert (out[total:] == 7.0).all() and (lse[total:] == 7.0).all()
+    return out[:total].float(), lse[:total], ref_out[:total], ref_lse[:total]
+
+
+def assert_close(case: dict, dtype: torch.dtype, **kw) -> None:
+    out, lse, ref_out, ref_lse = run_both(case, **kw)
+    tol = TOL[dtype]
+    torch.testing.assert_close(out, ref_out, atol=tol, rtol=tol)
+    torch.testing.assert_close(lse, ref_lse, atol=2e-3, rtol=1e-3)
+
+
+def scales(kv_dtype: torch.dtype | None, device: str = DEVICE) -> dict:
+    if kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return dict(
+            k_scale=torch.tensor([0.5], device=device), v_scale=torch.tensor([0.75], device=device)
+        )
+    return {}
+
+
+requests_st = st.lists(
+    st.tuples(st.integers(1, 20), st.integers(0, 70)),  # (query length, context before it)
+    min_size=1,
+    max_size=3,
+)
+
+
+@settings(
+    max_examples=30 if not ON_GPU else 20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    reqs=requests_st,
+    dtype=st.sampled_from([torch.bfloat16, torch.float16]),
+    kv_kind=st.sampled_from(["same", "same", torch.float8_e4m3fn, torch.float8_e5m2]),
+    head_size=st.sampled_from([64, 80]),
+    heads=st.sampled_from([(2, 2), (4, 2), (3, 1), (8, 1)]),
+    block_size=st.sampled_from([16, 32]),
+    causal=st.booleans(),
+    window=st.one_of(st.none(), st.integers(1, 48)),
+    sinks=st.booleans(),
+    softcap=st.sampled_from([0.0, 0.0, 8.0]),
+    num_splits=st.sampled_from([None, 1, 2, 5]),
+    seed=st.integers(0, 2**16),
+)
+def test_matches_reference_over_random_batches(
+    reqs,
+    dtype,
+    kv_kind,
+    head_size,
+    heads,
+    block_size,
+    causal,
+    window,
+    sinks,
+    softcap,
+    num_splits,
+    seed,
+):
+    kv_dtype = None if kv_kind == "same" else kv_kind
+    q_lens = [ql for ql, _ in reqs]
+    seq_lens = [ql + ctx for ql, ctx in reqs]
+    num_q_heads, num_kv_heads = heads
+    case = make_case(
+        q_lens,
+        seq_lens,
+        num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_size=head_size,
+        block_size=block_size,
+        dtype=dtype,
+        kv_dtype=kv_dtype,
+        seed=seed,
+    )
+    g = torch.Generator().manual_seed(seed)
+    kw = dict(
+        softmax_scale=head_size**-0.5,
+        causal=causal,
+        sliding_window=window,
+        softcap=softcap,
+        num_splits=num_splits,
+        sinks=torch.randn(num_q_heads, generator=g).to(DEVICE) if sinks else None,
+        **scales(kv_dtype),
+    )
+    assert_close(case, dtype, **kw)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_split_kv_with_workspace_matches_unsplit(causal):
+    case = make_case(
+        [1, 4, 16],
+        [300, 257, 200],
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_size=64,
+        block_size=16,
+        dtype=torch.float16,
+    )
+    ws = SplitKVWorkspace.allocate(32, 4, 64, max_splits=8, device=DEVICE)
+    kw = dict(softmax_scale=0.125, causal=causal)
+    split = run_both(case, workspace=ws, num_splits=7, **kw)
+    whole = run_both(case, num_splits=1, **kw)
+    torch.testing.assert_close(split[0], whole[0], atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(split[1], whole[1], atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(split[0], split[2], atol=1e-2, rtol=1e-2)
+
+
+def test_split_kv_lowers_splits_to_what_the_workspace_holds():
+    # 21 tokens x 5 splits does not fit 40 rows: the launch must use <= 1 split and stay right.
+    case = make_case(
+        [16, 5],
+        [100, 90],
+        num_q_heads=2,
+        num_kv_heads=1,
+        head_size=64,
+        block_size=16,
+        dtype=torch.float16,
+    )
+    ws = SplitKVWorkspace.allocate(8, 2, 64, max_splits=5, device=DEVICE, max_rows=40)
+    assert_close(case, torch.float16, softmax_scale=0.125, workspace=ws, num_splits=5)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_window_is_backward_only_and_skips_tiles_before_it(causal):
+    """Keys before the window are never read (poisoned with NaN there), and in non-causal mode
+    keys after the query stay visible however far ahead they are."""
+    window, ctx, q_len = 40, 200, 8
+    case = make_case(
+        [q_len], [ctx + q_len], num_q_heads=2, num_kv_heads=1, head_size=64, block_size=16,
+        dtype=torch.float16,
+    )  # fmt: skip
+    cfg = launch_config(case["q"], case["key_cache"], case["value_cache"], q_len)
+    kw = dict(softmax_scale=0.125, causal=causal, sliding_window=window, num_splits=1)
+    ref_out = run_both(case, **kw)[2]  # reference on the clean cache (it reads every key)
+    first_needed = ctx - window + 1  # window start of the first query
+    first_tile_start = (first_needed // cfg.tile_n) * cfg.tile_n
+    assert first_tile_start > 0
+    # Poison every key/value stored before the first tile the kernel may touch.
+    bt = case["block_table"][0].long()
+    for pos in range(first_tile_start):
+        page, slot = bt[pos // 16], pos % 16
+        case["key_cache"][page, slot] = float("nan")
+        case["value_cache"][page, slot] = float("nan")
+    out = run_both(case, **kw)[0]
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref_out, atol=1e-2, rtol=1e-2)
+    if not causal:
+        # The first query (position ctx) sees the last key (position ctx + q_len - 1):
+        # changing that key's value must change its output.
+        page, slot = bt[(ctx + q_len - 1) // 16], (ctx + q_len - 1) % 16
+        case["value_cache"][page, slot] += 5.0
+        out2 = run_both(case, **kw)[0]
+        assert (out2[0] - out[0]).abs().max() > 1e-3
+
+
+def test_strided_vllm_view_equals_contiguous_cache():
+    case = make_case(
+        [3, 1],
+        [50, 33],
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_size=80,
+        block_size=16,
+        dtype=torch.bfloat16,
+    )
+    assert not case["key_cache"].is_contiguous()
+    out_view = run_both(case, softmax_scale=0.1)[0]
+    case["key_cache"] = case["key_cache"].contiguous()
+    case["value_cache"] = case["value_cache"].contiguous()
+    out_contig = run_both(case, softmax_scale=0.1)[0]
+    torch.testing.assert_close(out_view, out_contig, atol=0, rtol=0)
+
+
+def test_sinks_absorb_probability_and_enter_lse():
+    case = make_case(
+        [2], [20], num_q_heads=2, num_kv_heads=1, head_size=64, block_size=16, dtype=torch.float16
+    )
+    big_sink = torch.full((2,), 30.0, device=DEVICE)  # dominates every logit: output ~ 0
+    out, lse, _, _ = run_both(case, softmax_scale=0.125, sinks=big_sink, num_splits=1)
+    assert out.abs().max() < 1e-3
+    torch.testing.assert_close(lse, torch.full_like(lse, 30.0), atol=1e-3, rtol=0)
+
+
+def _base_args(case: dict) -> tuple[list, dict]:
+    q = case["q"]
+    out = torch.empty(
+        q.shape[0], q.shape[1], case["value_cache"].shape[3], dtype=q.dtype, device=q.device
+    )
+    args = [
+        q,
+        case["key_cache"],
+        case["value_cache"],
+        out,
+        case["cu_seqlens_q"],
+        case["seq_lens"],
+        case["block_table"],
+    ]
+    kw = dict(
+        max_seqlen_q=case["max_seqlen_q"], max_seqlen_k=case["max_seqlen_k"], softmax_scale=0.1
+    )
+    return args, kw
+
+
+BAD_INPUTS = [
+    ("q", TypeError, lambda a, k: a.__setitem__(0, a[0].float())),
+    ("q", ValueError, lambda a, k: a.__setitem__(0, a[0][:, :3])),  # 3 heads vs 2 kv heads
+    (
+        "key_cache",
+        TypeError,
+        lambda a, k: a.__setitem__(1, torch.zeros_like(a[1], dtype=torch.uint8)),
+    ),
+    ("value_cache", TypeError, lambda a, k: a.__setitem__(2, a[2].to(torch.bfloat16))),
+    ("key_cache", ValueError, lambda a, k: a.__setitem__(1, a[1][..., :48])),
+    ("out", ValueError, lambda a, k: a.__setitem__(3, a[3][:, :, :32])),
+    ("out", TypeError, lambda a, k: a.__setitem__(3, a[3].float())),
+    ("cu_seqlens_q", TypeError, lambda a, k: a.__setitem__(4, a[4].long())),
+    ("cu_seqlens_q", ValueError, lambda a, k: a.__setitem__(4, a[4][:-1])),
+    ("seq_lens", TypeError, lambda a, k: a.__setitem__(5, a[5].long())),
+    ("block_table", ValueError, lambda a, k: a.__setitem__(6, a[6][0])),
+    ("sliding_window", ValueError, lambda a, k: k.__setitem__("sliding_window", 0)),
+    ("softcap", ValueError, lambda a, k: k.__setitem__("softcap", -1.0)),
+    ("sinks", ValueError, lambda a, k: k.__setitem__("sinks", torch.zeros(3, device=DEVICE))),
+    ("lse_out", ValueError, lambda a, k: k.__setitem__("lse_out", torch.zeros(1, device=DEVICE))),
+    ("k_scale", ValueError, lambda a, k: k.__setitem__("k_scale", torch.ones(1, device=DEVICE))),
+]
+
+
+@pytest.mark.parametrize(
+    "arg,exc,mutate", BAD_INPUTS, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD_INPUTS)]
+)
+def test_bad_input_raises_naming_the_argument(arg, exc, mutate):
+    case = make_case(
+        [1, 2],
+        [10, 20],
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_size=64,
+        block_size=16,
+        dtype=torch.float16,
+    )
+    args, kw = _base_args(case)
+    mutate(args, kw)
+    with pytest.raises(exc, match=arg):
+        paged_attention(*args, **kw)
+
+
+def test_head_size_72_is_refused():
+    case = make_case(
+        [1], [10], num_q_heads=2, num_kv_heads=1, head_size=64, block_size=16, dtype=torch.float16
+    )
+    args, kw = _base_args(case)
+    pad = lambda t: torch.nn.functional.pad(t, (0, 8))  # noqa: E731
+    args[0], args[3] = pad(args[0]), pad(args[3])
+    args[1], args[2] = pad(args[1]), pad(args[2])
+    with pytest.raises(ValueError, match="head size 72"):
+        paged_attention(*args, **kw)
+
+
+def test_block_size_not_multiple_of_16_is_refused():
+    case = make_case(
+        [1], [10], num_q_heads=2, num_kv_heads=1, head_size=64, block_size=16, dtype=torch.float16
+    )
+    args, kw = _base_args(case)
+    args[1] = args[1][:, :8]
+    args[2] = args[2][:, :8]
+    with pytest.raises(ValueError, match="block_size"):
+        paged_attention(*args, **kw)
+
+
+def test_plan_splits_long_single_decode_and_not_full_batches():
+    assert plan_split_kv(1, 1, 131072, 8, H200) > 16
+    assert plan_split_kv(1, 1, 131072, 8, H200) <= MAX_SPLITS
+    assert plan_split_kv(16, 16, 131072, 8, H200) > 16  # one verify/draft block of 16
+    assert plan_split_kv(256, 1, 32768, 8, H200) == 1  # 2048 programs fill 132 SMs
+    assert plan_split_kv(64, 1, 32768, 8, H200) == 1
+    assert plan_split_kv(17, 17, 131072, 8, H200) == 1  # prefill-shaped: never split
+    assert plan_split_kv(1, 1, 300, 8, H200) == 1  # too short to be worth a merge
+
+
+def test_workspace_for_device_holds_every_planned_split():
+    for kv_heads in (1, 2, 8):
+        rows = split_kv_max_rows(kv_heads, H200)
+        for tokens in range(1, split_kv_max_tokens(kv_heads, H200) + 1):
+            for q_len in range(1, SPLIT_KV_MAX_QUERY_LEN + 1):
+                assert tokens * plan_split_kv(tokens, q_len, 1 << 20, kv_heads, H200) <= max(
+                    rows, tokens
+                )
+    ws = SplitKVWorkspace.for_device(32, 8, 128, device="cpu", info=H200)
+    assert ws.partial_out.numel() * 4 < 64 << 20  # scratch stays small (MiB, not GiB)
+
+
+@pytest.mark.parametrize("head_size", SUPPORTED_HEAD_SIZES)
+@pytest.mark.parametrize("kv_elem", [1, 2])
+@pytest.mark.parametrize("max_seqlen_q", [1, 16, 2048])
+def test_sm120_configs_fit_its_shared_memory_by_estimate(head_size, kv_elem, max_seqlen_q):
+    pad = triton.next_power_of_2(head_size)
+    for gqa in (1, 4, 8, 16):
+        cfg = select_config(
+            SM120,
+            head_k_pad=pad,
+            head_v_pad=pad,
+            gqa=gqa,
+            max_seqlen_q=max_seqlen_q,
+            kv_elem=kv_elem,
+        )
+        assert cfg.smem_estimate(pad, pad, kv_elem, 2) <= 101_376
+        assert cfg.num_stages >= 2  # a single stage would serialise load and compute
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: real sizes
+# ---------------------------------------------------------------------------------------------
+
+
+@gpu_only
+@pytest.mark.parametrize("head_size", SUPPORTED_HEAD_SIZES)
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128])
+def test_gpu_mixed_batch_every_head_and_block_size(head_size, block_size):
+    # Qwen3-like: 32 query heads over 8 KV heads; a prefill chunk, a verify block and decodes.
+    dtype = torch.bfloat16
+    case = make_case(
+        [1, 300, 16, 1], [4097, 1500, 2000, 77], num_q_heads=32, num_kv_heads=8,
+        head_size=head_size, block_size=block_size, dtype=dtype, seed=head_size + block_size,
+    )  # fmt: skip
+    assert_close(case, dtype, softmax_scale=head_size**-0.5)
+
+
+@gpu_only
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("q_len", [1, 8, 16])
+def test_gpu_split_kv_decode_and_verify_long_context(kv_dtype, causal, q_len):
+    dtype = torch.bfloat16
+    case = make_case(
+        [q_len, q_len], [20000, 9000], num_q_heads=32, num_kv_heads=8, head_size=128,
+        block_size=16, dtype=dtype, kv_dtype=kv_dtype,
+    )  # fmt: skip
+    ws = SplitKVWorkspace.for_device(32, 8, 128, device=DEVICE)
+    assert_close(
+        case, dtype, softmax_scale=128**-0.5, causal=causal, workspace=ws, **scales(kv_dtype)
+    )
+
+
+@gpu_only
+@pytest.mark.parametrize("causal", [True, False])
+def test_gpu_window_sinks_softcap_fp16(causal):
+    dtype = torch.float16
+    case = make_case(
+        [16, 1, 700], [30000, 5000, 3000], num_q_heads=64, num_kv_heads=8, head_size=64,
+        block_size=16, dtype=dtype,
+    )  # fmt: skip
+    sinks = torch.randn(64, device=DEVICE)
+    assert_close(
+        case,
+        dtype,
+        softmax_scale=0.125,
+        causal=causal,
+        sliding_window=2048,
+        sinks=sinks,
+        softcap=30.0,
+    )
+
+
+@gpu_only
+@pytest.mark.parametrize("head_size", SUPPORTED_HEAD_SIZES)
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_gpu_sm120_configs_compile_within_101376_bytes(head_size, kv_dtype):
+    """Compile the configs chosen for sm120 (on this GPU) and read Triton's shared-memory figure."""
+    for q_len, num_q_heads, num_kv_heads in ((1, 8, 2), (16, 16, 2), (200, 8, 2), (1, 16, 1)):
+        case = make_case(
+            [q_len], [q_len + 600], num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+            head_size=head_size, block_size=16, dtype=torch.bfloat16,
+            kv_dtype=kv_dtype if kv_dtype != torch.bfloat16 else None,
+        )  # fmt: skip
+        cfg = launch_config(
+            case["q"], case["key_cache"], case["value_cache"], case["max_seqlen_q"], SM120
+        )
+        handles: list = []
+        args, kw = _base_args(case)
+        paged_attention(*args, **kw, config=cfg, num_splits=1, compiled=handles, **scales(kv_dtype))
+        shared = handles[0].metadata.shared
+        spills = getattr(handles[0], "n_spills", "?")
+        print(f"sm120 head={head_size} kv={kv_dtype} q={q_len} heads={num_q_heads}/{num_kv_heads} "
+              f"{cfg}: shared={shared} spills={spills}")  # fmt: skip
+        assert shared <= 101_376
+
+
+def test_check_inputs_false_gives_the_same_output():
+    case = make_case(
+        [2, 1], [40, 17], num_q_heads=4, num_kv_heads=2, head_size=64, block_size=16,
+        dtype=torch.float16,
+    )  # fmt: skip
+    args, kw = _base_args(case)
+    checked = paged_attention(*args, **kw).clone()
+    args[3].zero_()
+    unchecked = paged_attention(*args, **kw, check_inputs=False)
+    total = case["total"]
+    torch.testing.assert_close(unchecked[:total], checked[:total], atol=0, rtol=0)
