@@ -73,8 +73,6 @@ def _make_case(
         k_scale = torch.tensor([0.125], dtype=torch.float32)
     else:
         cache = cache.to(torch.bfloat16)
-    if strided_cache:
-        cache = cache[..., :width]  # a view whose token stride is not the row width
     q = torch.randn(batch * query_len, num_heads, width, generator=g).to(torch.bfloat16)
     case = dict(
         q=q,
@@ -86,7 +84,12 @@ def _make_case(
         kv_lora_rank=kv_lora_rank,
         query_len=query_len,
     )
-    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+    case = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+    if strided_cache:
+        # A view whose token stride is not the row width, taken on the device (moving a
+        # non-contiguous view with .to(device) would copy it into a contiguous tensor).
+        case["kv_cache"] = case["kv_cache"][..., :width]
+    return case
 
 
 def _run(case: dict, num_splits: int | None, causal: bool = True) -> tuple[torch.Tensor, ...]:

@@ -1,0 +1,237 @@
+"""The benchmark harness every kernel benchmark uses.
+
+A benchmark times our kernel, its peers (vLLM's kernel, a ``torch.compile`` of the reference,
+...) and the device's copy roofline in one process on the same inputs, collects one `Row` per
+case and hands the rows to `report`, which prints the table with the ratios and writes
+``<out_dir>/<gpu>-<op>.{md,json,png}``. The JSON is the machine-checkable record::
+
+    {"gpu": ..., "op": ..., "command": ..., "rows": [
+        {"case": ..., "metric": "GB/s" | "TFLOP/s" | "us", "ours": x,
+         "peers": {"<peer>": x, ...}, "roofline": x | null}]}
+
+Higher is better for GB/s and TFLOP/s, lower for us. tqdm and matplotlib are optional: without
+them there is no progress bar and no PNG (`plot_json` draws it later from the JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+METRICS = ("GB/s", "TFLOP/s", "us")
+HIGHER_IS_BETTER = {"GB/s": True, "TFLOP/s": True, "us": False}
+T = TypeVar("T")
+
+
+@dataclass
+class Row:
+    """One case of a benchmark: our figure, each peer's, and the roofline, in `metric`."""
+
+    case: str
+    metric: str
+    ours: float
+    peers: dict[str, float] = field(default_factory=dict)
+    roofline: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise ValueError(f"metric: expected one of {METRICS}, got {self.metric!r}")
+
+
+def progress(iterable: Iterable[T], desc: str = "") -> Iterator[T]:
+    """A tqdm bar over `iterable` when tqdm is installed; else the items, with a line each."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        items = list(iterable)
+        for i, item in enumerate(items):
+            print(f"{desc} [{i + 1}/{len(items)}]", flush=True)
+            yield item
+        return
+    yield from tqdm(iterable, desc=desc)
+
+
+def bench_us(fn: Callable[[], Any], warmup_ms: float = 25, rep_ms: float = 100) -> float:
+    """Median time of `fn()` in microseconds (triton.testing.do_bench, L2 flushed per rep).
+
+    Without a CUDA device: a wall-clock median of a few calls, only to smoke-test a benchmark.
+    """
+    if not torch.cuda.is_available():
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(times)
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")) * 1e3
+
+
+def copy_roofline_gbps(device: str | torch.device = "cuda", nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy of `nbytes`: bytes read + written per second, in GB/s."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    src.random_(0, 256)
+    dst = torch.empty_like(src)
+    us = bench_us(lambda: dst.copy_(src))
+    src = dst = None  # free both before the benchmark allocates its own inputs
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return 2 * nbytes / (us * 1e-6) / 1e9
+
+
+def gpu_slug(device: str | torch.device | int | None = None) -> str:
+    """Short lower-case GPU name for result files: 'NVIDIA H200' -> 'h200'."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    name = torch.cuda.get_device_name(device).lower()
+    for drop in ("nvidia", "geforce", "tesla"):
+        name = name.replace(drop, "")
+    name = name.strip()
+    return "-".join(name.split()[:1]) or "gpu"
+
+
+def _fmt(x: float | None) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.3g}"
+
+
+def _ratio(ours: float, other: float | None) -> float | None:
+    if other is None or not other or math.isnan(other):
+        return None
+    return ours / other
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    """Markdown table: each figure, then ours/peer for every peer and ours/roofline."""
+    peers: list[str] = []
+    for r in rows:
+        peers += [p for p in r.peers if p not in peers]
+    head = [
+        "case",
+        "metric",
+        "ours",
+        *peers,
+        "roofline",
+        *(f"ours/{p}" for p in peers),
+        "ours/roofline",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [
+            r.case,
+            r.metric,
+            _fmt(r.ours),
+            *(_fmt(r.peers.get(p)) for p in peers),
+            _fmt(r.roofline),
+        ]
+        cells += [_fmt(_ratio(r.ours, r.peers.get(p))) for p in peers]
+        cells.append(_fmt(_ratio(r.ours, r.roofline)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def summary(rows: Sequence[Row]) -> dict[str, dict[str, float]]:
+    """Per metric: geometric-mean ratios ours/peer and ours/roofline."""
+    out: dict[str, dict[str, float]] = {}
+    for metric in METRICS:
+        rs = [r for r in rows if r.metric == metric]
+        if not rs:
+            continue
+        ratios: dict[str, list[float]] = {}
+        for r in rs:
+            for name, other in [*r.peers.items(), ("roofline", r.roofline)]:
+                q = _ratio(r.ours, other)
+                if q is not None and q > 0:
+                    ratios.setdefault(name, []).append(q)
+        out[metric] = {k: statistics.geometric_mean(v) for k, v in ratios.items()}
+    return out
+
+
+def plot_json(json_path: str | Path, png_path: str | Path | None = None) -> Path | None:
+    """Bar chart of a results JSON (one panel per metric); None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no PNG written")
+        return None
+    data = json.loads(Path(json_path).read_text())
+    png = Path(png_path) if png_path else Path(json_path).with_suffix(".png")
+    metrics = [m for m in METRICS if any(r["metric"] == m for r in data["rows"])]
+    fig, axes = plt.subplots(len(metrics), 1, figsize=(12, 4.5 * len(metrics)), squeeze=False)
+    for ax, metric in zip(axes[:, 0], metrics, strict=False):
+        rows = [r for r in data["rows"] if r["metric"] == metric]
+        series = ["ours"] + sorted({p for r in rows for p in r["peers"]})
+        width = 0.8 / len(series)
+        xs = range(len(rows))
+        for k, name in enumerate(series):
+            vals = [
+                r["ours"] if name == "ours" else r["peers"].get(name, float("nan")) for r in rows
+            ]
+            ax.bar([x + k * width for x in xs], vals, width, label=name)
+        roof = [r["roofline"] for r in rows]
+        if any(v is not None for v in roof):
+            ax.scatter(
+                [x + 0.4 - width / 2 for x in xs],
+                [float("nan") if v is None else v for v in roof],
+                marker="_",
+                s=600,
+                color="black",
+                label="roofline",
+                zorder=3,
+            )
+        ax.set_xticks([x + 0.4 - width / 2 for x in xs])
+        ax.set_xticklabels([r["case"] for r in rows], rotation=30, ha="right", fontsize=8)
+        better = "higher" if HIGHER_IS_BETTER[metric] else "lower"
+        ax.set_ylabel(f"{metric} ({better} is better)")
+        ax.legend(fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"{data['op']} on {data['gpu']}")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
+
+
+def report(
+    rows: Sequence[Row],
+    gpu: str,
+    op: str,
+    command: str,
+    out_dir: str | Path = "benchmarks/results",
+    notes: Sequence[str] = (),
+) -> None:
+    """Print the table with ratios and write ``<gpu>-<op>.md``, ``.json`` and ``.png``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    table = format_table(rows)
+    ratios = summary(rows)
+    ratio_lines = [
+        f"- {metric}: "
+        + ", ".join(f"ours/{k} = {v:.3f}" for k, v in rs.items())
+        + " (geometric mean over cases)"
+        for metric, rs in ratios.items()
+    ]
+    print(table)
+    print("\n".join(ratio_lines))
+    stem = out / f"{gpu}-{op}"
+    md = [f"# {op} on {gpu}", "", f"Command: `{command}`", "", table, "", *ratio_lines]
+    if notes:
+        md += ["", *[f"- {n}" for n in notes]]
+    stem.with_suffix(".md").write_text("\n".join(md) + "\n")
+    payload = {"gpu": gpu, "op": op, "command": command, "rows": [asdict(r) for r in rows]}
+    stem.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
+    png = plot_json(stem.with_suffix(".json"), stem.with_suffix(".png"))
+    print(f"wrote {stem}.md, {stem}.json" + (f", {png}" if png else ""))

@@ -1,0 +1,227 @@
+"""The torch custom ops `vllm_blackwell_ext::{gather_and_maybe_dequant_cache, cp_gather_cache}`:
+registration, schema, fake impls (torch.compile) and bad input (vLLM signature parity is in
+tests/plugin/test_ops_match_vllm.py: kernel and op tests import nothing from vLLM)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from vllm_blackwell_ext import ops
+from vllm_blackwell_ext.kernels import kv_gather as kvk
+from vllm_blackwell_ext.reference.kv_gather import gather_and_maybe_dequant_cache_ref
+
+I32 = torch.int32
+
+
+def small_args(device, kv="fp8", dst_dtype=torch.float32):
+    """A valid call: 2 sequences (5 and 11 tokens), block size 4, entry 64."""
+    gen = torch.Generator().manual_seed(0)
+    vals = torch.randn(8, 4, 64, generator=gen) * 2
+    src = vals.to(torch.float8_e4m3fn).view(torch.uint8) if kv == "fp8" else vals.to(torch.bfloat16)
+    return dict(
+        src_cache=src.to(device),
+        dst=torch.zeros(20, 64, dtype=dst_dtype, device=device),
+        block_table=torch.tensor([[3, 1, 7, 0], [2, 5, 6, 4]], dtype=I32, device=device),
+        cu_seq_lens=torch.tensor([0, 5, 16], dtype=I32, device=device),
+        token_to_seq=torch.tensor([0] * 5 + [1] * 11, dtype=I32, device=device),
+        num_tokens=16,
+        kv_cache_dtype=kv,
+        scale=torch.tensor([0.5], device=device),
+        seq_starts=torch.tensor([2, 3], dtype=I32, device=device),
+    )
+
+
+def cp_args(device):
+    a = small_args(device, kv="auto", dst_dtype=torch.bfloat16)
+    return dict(
+        src_cache=a["src_cache"],
+        dst=a["dst"],
+        block_table=a["block_table"],
+        cu_seq_lens=a["cu_seq_lens"],
+        batch_size=2,
+        seq_starts=a["seq_starts"],
+    )
+
+
+def test_importing_ops_registers_both_ops_and_reimport_is_harmless():
+    importlib.reload(ops)  # a second registration attempt must not raise
+    assert hasattr(torch.ops.vllm_blackwell_ext, "gather_and_maybe_dequant_cache")
+    assert hasattr(torch.ops.vllm_blackwell_ext, "cp_gather_cache")
+
+
+@pytest.mark.parametrize("name", ["gather_and_maybe_dequant_cache", "cp_gather_cache"])
+def test_schema_declares_only_dst_as_written(name):
+    schema = getattr(torch.ops.vllm_blackwell_ext, name).default._schema
+    written = [
+        a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write
+    ]
+    assert written == ["dst"]
+    assert [r.type for r in schema.returns] == []
+
+
+def test_op_matches_the_oracle_through_the_dispatcher(device):
+    a = small_args(device)
+    ops.gather_and_maybe_dequant_cache(**a)
+    ref = torch.zeros_like(a["dst"])
+    gather_and_maybe_dequant_cache_ref(**{**a, "dst": ref})
+    assert torch.equal(a["dst"], ref)
+
+
+@pytest.mark.parametrize("which", ["gather", "cp"])
+def test_opcheck_passes(which, device):
+    if which == "gather":
+        a = small_args(device)
+        op = torch.ops.vllm_blackwell_ext.gather_and_maybe_dequant_cache.default
+    else:
+        a = cp_args(device)
+        op = torch.ops.vllm_blackwell_ext.cp_gather_cache.default
+    torch.library.opcheck(op, (), a)  # schema, autograd registration, fake tensor, AOT dispatch
+
+
+def test_compiled_caller_traces_through_the_fake_impl(device):
+    a = small_args(device)
+
+    def step(src, dst, bt, cu, t2s, scale, starts):
+        ops.gather_and_maybe_dequant_cache(src, dst, bt, cu, t2s, 16, "fp8", scale, starts)
+        return dst * 2
+
+    args = (
+        a["src_cache"],
+        a["dst"],
+        a["block_table"],
+        a["cu_seq_lens"],
+        a["token_to_seq"],
+        a["scale"],
+        a["seq_starts"],
+    )
+    want = step(*args).clone()
+    a["dst"].zero_()
+    got = torch.compile(step, fullgraph=True, backend="aot_eager")(*args)
+    assert torch.equal(got, want) and torch.equal(a["dst"] * 2, want)
+
+
+def _bad_gather_cases():
+    cases = {
+        "block_table int64": (
+            "block_table",
+            TypeError,
+            lambda a: {"block_table": a["block_table"].long()},
+        ),
+        "cu_seq_lens on meta": (
+            "cu_seq_lens",
+            ValueError,
+            lambda a: {"cu_seq_lens": a["cu_seq_lens"].to("meta")},
+        ),
+        "token_to_seq float": (
+            "token_to_seq",
+            TypeError,
+            lambda a: {"token_to_seq": a["token_to_seq"].float()},
+        ),
+        "seq_starts int64": (
+            "seq_starts",
+            TypeError,
+            lambda a: {"seq_starts": a["seq_starts"].long()},
+        ),
+        "dst too small": ("dst", ValueError, lambda a: {"dst": a["dst"][:10]}),
+        "entry mismatch": (
+            "dst",
+            ValueError,
+            lambda a: {"dst": torch.zeros(20, 32, device=a["dst"].device)},
+        ),
+        "dst int": ("dst", TypeError, lambda a: {"dst": a["dst"].to(torch.int32)}),
+        "unknown kv dtype": ("kv_cache_dtype", ValueError, lambda a: {"kv_cache_dtype": "fp4"}),
+        "fp8 without scale": ("scale", ValueError, lambda a: {"scale": None}),
+        "fp16 scale": ("scale", TypeError, lambda a: {"scale": a["scale"].half()}),
+        "2-element scale": ("scale", TypeError, lambda a: {"scale": a["scale"].repeat(2)}),
+        "cu_seq_lens too short": (
+            "cu_seq_lens",
+            ValueError,
+            lambda a: {"cu_seq_lens": a["cu_seq_lens"][:2]},
+        ),
+        "negative num_tokens": ("num_tokens", ValueError, lambda a: {"num_tokens": -1}),
+        "token_to_seq too short": (
+            "token_to_seq",
+            ValueError,
+            lambda a: {"token_to_seq": a["token_to_seq"][:4]},
+        ),
+        "fp8 cache as auto": ("src_cache", TypeError, lambda a: {"kv_cache_dtype": "auto"}),
+        "e5m2 cache as e4m3": (
+            "src_cache",
+            TypeError,
+            lambda a: {
+                "src_cache": a["src_cache"].view(torch.float8_e5m2),
+                "kv_cache_dtype": "fp8_e4m3",
+            },
+        ),
+        "block_table 1-D": (
+            "block_table",
+            ValueError,
+            lambda a: {"block_table": a["block_table"][0]},
+        ),
+        "seq_starts too short": (
+            "seq_starts",
+            ValueError,
+            lambda a: {"seq_starts": a["seq_starts"][:1]},
+        ),
+    }
+    return [pytest.param(*v, id=k) for k, v in cases.items()]
+
+
+@pytest.mark.parametrize("arg,exc,change", _bad_gather_cases())
+@pytest.mark.parametrize("entry", ["python", "torch.ops"])
+def test_bad_gather_input_names_the_argument_and_writes_nothing(arg, exc, change, entry, device):
+    a = small_args(device)
+    a.update(change(a))
+    before = a["dst"].clone() if a["dst"].device.type != "meta" else None
+    fn = (
+        ops.gather_and_maybe_dequant_cache
+        if entry == "python"
+        else torch.ops.vllm_blackwell_ext.gather_and_maybe_dequant_cache
+    )
+    with pytest.raises(exc, match=arg):
+        fn(**a)
+    if before is not None:
+        assert torch.equal(a["dst"], before)
+
+
+@pytest.mark.parametrize(
+    "arg,exc,change",
+    [
+        pytest.param("dst", TypeError, lambda a: {"dst": a["dst"].float()}, id="dtype differs"),
+        pytest.param("batch_size", ValueError, lambda a: {"batch_size": -1}, id="negative batch"),
+        pytest.param(
+            "cu_seq_lens",
+            ValueError,
+            lambda a: {"cu_seq_lens": a["cu_seq_lens"][:2]},
+            id="cu short",
+        ),
+        pytest.param(
+            "block_table",
+            ValueError,
+            lambda a: {"block_table": a["block_table"][:1]},
+            id="bt short",
+        ),
+        pytest.param(
+            "cu_seq_lens",
+            TypeError,
+            lambda a: {"cu_seq_lens": a["cu_seq_lens"].long()},
+            id="cu int64",
+        ),
+    ],
+)
+def test_bad_cp_gather_input_names_the_argument(arg, exc, change, device):
+    a = cp_args(device)
+    a.update(change(a))
+    with pytest.raises(exc, match=arg):
+        ops.cp_gather_cache(**a)
+
+
+def test_debug_bounds_env_checks_block_table_through_the_op(device, monkeypatch):
+    a = small_args(device)
+    a["block_table"][1, 2] = 8  # == num_blocks; sequence 1 reads block 2 (positions 8..11)
+    monkeypatch.setenv(kvk.DEBUG_BOUNDS_ENV, "1")
+    with pytest.raises(ValueError, match="block_table"):
+        ops.gather_and_maybe_dequant_cache(**a)
