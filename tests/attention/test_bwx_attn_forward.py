@@ -1,0 +1,450 @@
+"""BwxAttentionImpl.do_kv_cache_update + forward, driven the way vLLM 0.32's runner drives them.
+
+Metadata comes from our builder fed with vLLM's own `CommonAttentionMetadata`; the KV cache is
+laid out as vLLM allocates it for this backend (logical [blocks, kv_heads, block_size,
+2 * head_size], physically block/slot/head-major: vLLM's default LBNHC layout); the kernel runs
+under TRITON_INTERPRET=1 on the CPU. Each step first writes the cached context with
+`do_kv_cache_update`, then the step's own tokens, then calls `forward`, and the output is
+compared with a straightforward torch computation over the same (quantised) K/V.
+
+Shapes are small on purpose (the interpreter is slow); the whole file takes about a minute.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from vllm.config import CacheConfig, ModelConfig, VllmConfig  # noqa: E402
+from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
+
+from vllm_blackwell_ext.attention.bwx_attn import (  # noqa: E402
+    BwxAttentionBackend,
+    BwxAttentionImpl,
+    BwxAttentionMetadataBuilder,
+)
+
+NUM_HEADS = 4
+NUM_KV_HEADS = 2
+HEAD_SIZE = 64
+BLOCK_SIZE = 16
+NUM_BLOCKS = 160
+MAX_MODEL_LEN = 2048
+FP8 = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+# Tolerances on outputs of magnitude ~1 (softmax-weighted means of N(0, 1) values). The kernel
+# multiplies bf16/fp16 operands with fp32 accumulation and rounds P to the query dtype before
+# P @ V, so its error is a few units of the query dtype's epsilon (bf16: 2^-8 = 3.9e-3,
+# fp16: 2^-11 = 4.9e-4) times a small factor; the reference works in fp32 on the same
+# quantised K/V, so fp8 adds no error of its own here.
+TOLERANCE = {torch.bfloat16: 2.5e-2, torch.float16: 5e-3}
+
+
+@dataclass(frozen=True)
+class Request:
+    context_len: int  # tokens already in the cache before this step
+    query_len: int  # tokens this step computes (written by do_kv_cache_update first)
+
+
+class FakeLayer(torch.nn.Module):
+    """What the Impl reads from vLLM's Attention layer: per-tensor fp32 k/v scales."""
+
+    def __init__(self, k_scale: float, v_scale: float) -> None:
+        super().__init__()
+        self._k_scale = torch.tensor(k_scale, dtype=torch.float32)
+        self._v_scale = torch.tensor(v_scale, dtype=torch.float32)
+        self._q_scale = torch.tensor(1.0, dtype=torch.float32)
+        self._k_scale_float, self._v_scale_float = k_scale, v_scale
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    """A config-only tiny Qwen3 checkpoint directory (ModelConfig reads config.json only)."""
+    from transformers import Qwen3Config
+
+    path = tmp_path_factory.mktemp("tiny-qwen3-config")
+    Qwen3Config(
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=NUM_HEADS,
+        num_key_value_heads=NUM_KV_HEADS,
+        head_dim=HEAD_SIZE,
+        intermediate_size=256,
+        vocab_size=512,
+        max_position_embeddings=MAX_MODEL_LEN,
+    ).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def vllm_configs(model_dir):
+    """One VllmConfig per (model dtype, kv cache dtype), built once (ModelConfig is slow)."""
+    made: dict[tuple[torch.dtype, str], VllmConfig] = {}
+
+    def get(dtype: torch.dtype, kv_cache_dtype: str) -> VllmConfig:
+        key = (dtype, kv_cache_dtype)
+        if key not in made:
+            model_config = ModelConfig(
+                model=model_dir,
+                skip_tokenizer_init=True,
+                dtype=dtype,
+                max_model_len=MAX_MODEL_LEN,
+            )
+            made[key] = VllmConfig(
+                model_config=model_config,
+                cache_config=CacheConfig(block_size=BLOCK_SIZE, cache_dtype=kv_cache_dtype),
+            )
+        return made[key]
+
+    return get
+
+
+def _kv_cache(kv_cache_dtype: str, dtype: torch.dtype) -> torch.Tensor:
+    """vLLM's cache tensor for this backend: logical [B, H, N, 2D], physical [B, N, H, 2D]."""
+    storage = torch.uint8 if kv_cache_dtype in FP8 else dtype
+    physical = torch.zeros(NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, 2 * HEAD_SIZE, dtype=storage)
+    return physical.permute(0, 2, 1, 3)
+
+
+def _stored(x: torch.Tensor, kv_cache_dtype: str, scale: float) -> torch.Tensor:
+    """What a K/V value reads back as after the cache round trip (fp32)."""
+    fp8 = FP8.get(kv_cache_dtype)
+    if fp8 is None:
+        return x.float()
+    fmax = torch.finfo(fp8).max
+    return (x.float() / scale).clamp(-fmax, fmax).to(fp8).float() * scale
+
+
+def _reference(
+    q: torch.Tensor,
+    k: list[torch.Tensor],
+    v: list[torch.Tensor],
+    requests: list[Request],
+    *,
+    scale: float,
+    causal: bool,
+    window: int | None,
+    sinks: torch.Tensor | None,
+    softcap: float,
+) -> torch.Tensor:
+    """Attention per request in fp32; k[b]/v[b]: [seq_len, kv_heads, D] of every position."""
+    out = []
+    start = 0
+    group = NUM_HEADS // NUM_KV_HEADS
+    for b, req in enumerate(requests):
+        seq_len = req.context_len + req.query_len
+        qb = q[start : start + req.query_len].float()  # [L, H, D]
+        start += req.query_len
+        kb = k[b].repeat_interleave(group, dim=1)  # [S, H, D]
+        vb = v[b].repeat_interleave(group, dim=1)
+        logits = torch.einsum("lhd,shd->hls", qb, kb) * scale
+        if softcap > 0:
+            logits = softcap * torch.tanh(logits / softcap)
+        pos_q = torch.arange(req.context_len, seq_len).view(-1, 1)
+        pos_k = torch.arange(seq_len).view(1, -1)
+        visible = torch.ones(req.query_len, seq_len, dtype=torch.bool)
+        if causal:
+            visible &= pos_k <= pos_q
+        if window is not None:
+            visible &= pos_k >= pos_q - window + 1  # backward-only, Hugging Face convention
+        logits = logits.masked_fill(~visible, float("-inf"))
+        if sinks is not None:
+            sink = sinks.float().view(-1, 1, 1).expand(-1, req.query_len, 1)
+            probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+        else:
+            probs = torch.softmax(logits, dim=-1)
+        out.append(torch.einsum("hls,shd->lhd", probs, vb))
+    return torch.cat(out)
+
+
+def _run_step(
+    vllm_configs,
+    requests: list[Request],
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    kv_cache_dtype: str = "auto",
+    causal: bool = True,
+    window: int | None = None,
+    use_sinks: bool = False,
+    softcap: float = 0.0,
+    num_padding_tokens: int = 2,
+    seed: int = 0,
+):
+    """Write context and step K/V through the Impl, run forward; return (ours, reference, md)."""
+    gen = torch.Generator().manual_seed(seed)
+    vllm_config = vllm_configs(dtype, kv_cache_dtype)
+    k_scale, v_scale = (0.5, 0.25) if kv_cache_dtype in FP8 else (1.0, 1.0)
+    layer = FakeLayer(k_scale, v_scale)
+    sinks = torch.randn(NUM_HEADS, generator=gen).to(dtype) if use_sinks else None
+    scale = 1.0 / math.sqrt(HEAD_SIZE)
+    impl = BwxAttentionImpl(
+        NUM_HEADS,
+        HEAD_SIZE,
+        scale,
+        NUM_KV_HEADS,
+        None,
+        window,
+        kv_cache_dtype,
+        softcap if softcap > 0 else None,
+        sinks=sinks,
+    )
+    impl.process_weights_after_loading(dtype)
+    storage = torch.uint8 if kv_cache_dtype in FP8 else dtype
+    spec = FullAttentionSpec(
+        block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE, dtype=storage
+    )
+    builder = BwxAttentionMetadataBuilder(
+        spec, ["model.layers.0.self_attn.attn"], vllm_config, "cpu"
+    )
+    kv_cache = _kv_cache(kv_cache_dtype, dtype)
+    # Distinct random pages per request, never the null block 0.
+    max_blocks = max(-(-(r.context_len + r.query_len) // BLOCK_SIZE) for r in requests)
+    pages = (torch.randperm(NUM_BLOCKS - 1, generator=gen) + 1).tolist()
+    block_table = torch.zeros(len(requests), max_blocks + 1, dtype=torch.int32)
+    for b, req in enumerate(requests):
+        n = -(-(req.context_len + req.query_len) // BLOCK_SIZE)
+        block_table[b, :n] = torch.tensor([pages.pop() for _ in range(n)], dtype=torch.int32)
+
+    def slots(b: int, positions: range) -> list[int]:
+        return [
+            int(block_table[b, p // BLOCK_SIZE]) * BLOCK_SIZE + p % BLOCK_SIZE for p in positions
+        ]
+
+    keys = [
+        torch.randn(r.context_len + r.query_len, NUM_KV_HEADS, HEAD_SIZE, generator=gen).to(dtype)
+        for r in requests
+    ]
+    values = [
+        torch.randn(r.context_len + r.query_len, NUM_KV_HEADS, HEAD_SIZE, generator=gen).to(dtype)
+        for r in requests
+    ]
+
+    # Earlier steps: the context, written as vLLM would have written it.
+    ctx_slots = sum((slots(b, range(r.context_len)) for b, r in enumerate(requests)), [])
+    if ctx_slots:
+        impl.do_kv_cache_update(
+            layer,
+            torch.cat([k[: r.context_len] for k, r in zip(keys, requests, strict=True)]),
+            torch.cat([v[: r.context_len] for v, r in zip(values, requests, strict=True)]),
+            kv_cache,
+            torch.tensor(ctx_slots, dtype=torch.int64),
+        )
+    null_block_before = kv_cache[0].clone()
+
+    # This step: its tokens plus CUDA-graph-style padding rows (slot -1).
+    num_tokens = sum(r.query_len for r in requests)
+    padded = num_tokens + num_padding_tokens
+    step_slots = (
+        sum(
+            (
+                slots(b, range(r.context_len, r.context_len + r.query_len))
+                for b, r in enumerate(requests)
+            ),
+            [],
+        )
+        + [-1] * num_padding_tokens
+    )
+    junk = torch.full((num_padding_tokens, NUM_KV_HEADS, HEAD_SIZE), 7.0, dtype=dtype)
+    step_k = torch.cat([k[r.context_len :] for k, r in zip(keys, requests, strict=True)] + [junk])
+    step_v = torch.cat([v[r.context_len :] for v, r in zip(values, requests, strict=True)] + [junk])
+    slot_mapping = torch.tensor(step_slots, dtype=torch.int64)
+    impl.do_kv_cache_update(layer, step_k, step_v, kv_cache, slot_mapping)
+    assert torch.equal(kv_cache[0], null_block_before), "padding rows (slot -1) wrote a page"
+
+    query_lens = torch.tensor([r.query_len for r in requests], dtype=torch.int32)
+    seq_lens = torch.tensor([r.context_len + r.query_len for r in requests], dtype=torch.int32)
+    query_start_loc = torch.zeros(len(requests) + 1, dtype=torch.int32)
+    query_start_loc[1:] = torch.cumsum(query_lens, 0)
+    common = CommonAttentionMetadata(
+        query_start_loc=query_start_loc,
+        query_start_loc_cpu=query_start_loc.clone(),
+        seq_lens=seq_lens,
+        num_reqs=len(requests),
+        num_actual_tokens=padded,
+        max_query_len=int(query_lens.max()),
+        max_seq_len=int(seq_lens.max()),
+        block_table_tensor=block_table,
+        slot_mapping=slot_mapping,
+        causal=causal,
+    )
+    metadata = builder.build(0, common)
+    query = torch.randn(padded, NUM_HEADS, HEAD_SIZE, generator=gen).to(dtype)
+    output = torch.full((padded, NUM_HEADS, HEAD_SIZE), float("nan"), dtype=dtype)
+    impl.forward(layer, query, step_k, step_v, kv_cache, metadata, output)
+
+    # The cache holds exactly the quantised K/V at every slot of every request.
+    key_cache, value_cache = kv_cache.transpose(1, 2).split(HEAD_SIZE, dim=-1)
+    if kv_cache_dtype in FP8:
+        key_cache, value_cache = (
+            key_cache.view(FP8[kv_cache_dtype]),
+            value_cache.view(FP8[kv_cache_dtype]),
+        )
+    ref_k = [_stored(k, kv_cache_dtype, k_scale) for k in keys]
+    ref_v = [_stored(v, kv_cache_dtype, v_scale) for v in values]
+    for b, req in enumerate(requests):
+        s = torch.tensor(slots(b, range(req.context_len + req.query_len)))
+        got_k = key_cache[s // BLOCK_SIZE, s % BLOCK_SIZE].float() * k_scale
+        got_v = value_cache[s // BLOCK_SIZE, s % BLOCK_SIZE].float() * v_scale
+        assert torch.equal(got_k, ref_k[b]) and torch.equal(got_v, ref_v[b]), f"request {b} cache"
+
+    expected = _reference(
+        query[:num_tokens], ref_k, ref_v, requests,
+        scale=scale, causal=causal, window=window, sinks=sinks, softcap=softcap,
+    )  # fmt: skip
+    return output[:num_tokens], expected, metadata
+
+
+def _assert_close(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.float(), expected, atol=tol, rtol=tol)
+
+
+MIXED = [Request(40, 24), Request(70, 1), Request(5, 1), Request(0, 17)]
+
+
+@pytest.mark.parametrize(
+    ("kv_cache_dtype", "dtype"),
+    [("auto", torch.bfloat16), ("float16", torch.float16), ("fp8", torch.bfloat16)],
+)
+def test_mixed_batch_prefill_chunk_with_context_and_decodes_matches_torch(
+    vllm_configs, kv_cache_dtype, dtype
+):
+    got, expected, md = _run_step(vllm_configs, MIXED, dtype=dtype, kv_cache_dtype=kv_cache_dtype)
+    assert md.causal and md.max_query_len == 24
+    _assert_close(got, expected, dtype)
+
+
+@pytest.mark.parametrize("window", [None, 24])
+def test_noncausal_draft_block_sees_whole_context_and_window_is_backward_only(vllm_configs, window):
+    # DFlash draft blocks: [bonus, MASK x 3] per request, non-causal over context + block.
+    requests = [Request(50, 4), Request(33, 4), Request(9, 4)]
+    got, expected, md = _run_step(vllm_configs, requests, causal=False, window=window, seed=1)
+    assert md.causal is False
+    _assert_close(got, expected, torch.bfloat16)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_cache_with_sliding_window_and_sinks_matches_torch(vllm_configs, kv_cache_dtype):
+    got, expected, _ = _run_step(
+        vllm_configs, MIXED, kv_cache_dtype=kv_cache_dtype, window=20, use_sinks=True, seed=2
+    )
+    _assert_close(got, expected, torch.bfloat16)
+
+
+def test_softcap_and_sinks_in_non_causal_mode_match_torch(vllm_configs):
+    requests = [Request(20, 3), Request(0, 5)]
+    got, expected, _ = _run_step(
+        vllm_configs, requests, causal=False, use_sinks=True, softcap=5.0, seed=3
+    )
+    _assert_close(got, expected, torch.bfloat16)
+
+
+def test_long_context_decode_takes_the_split_kv_path_and_matches_torch(vllm_configs):
+    # Few requests, long context: the builder's plan splits the KV range (device_info('cpu')
+    # reports 4 SMs, and a split needs >= 256 keys). The padding rows must not count as
+    # requests in the plan.
+    requests = [Request(1100, 1), Request(530, 1)]
+    got, expected, md = _run_step(vllm_configs, requests, kv_cache_dtype="fp8", seed=4)
+    assert md.num_splits > 1
+    assert md.workspace is not None
+    _assert_close(got, expected, torch.bfloat16)
+
+
+def test_spec_verify_rows_split_too(vllm_configs):
+    # Verify rows of 4 query tokens over a long context also take the split-KV path.
+    requests = [Request(600, 4)]
+    got, expected, md = _run_step(vllm_configs, requests, seed=5)
+    assert md.num_splits > 1
+    _assert_close(got, expected, torch.bfloat16)
+
+
+@settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    lengths=st.lists(st.tuples(st.integers(0, 80), st.integers(1, 20)), min_size=1, max_size=4),
+    causal=st.booleans(),
+    window=st.one_of(st.none(), st.integers(1, 64)),
+    kv_cache_dtype=st.sampled_from(["auto", "fp8_e4m3"]),
+    seed=st.integers(0, 2**16),
+)
+def test_random_batches_match_torch(vllm_configs, lengths, causal, window, kv_cache_dtype, seed):
+    requests = [Request(c, q) for c, q in lengths]
+    got, expected, _ = _run_step(
+        vllm_configs,
+        requests,
+        causal=causal,
+        window=window,
+        kv_cache_dtype=kv_cache_dtype,
+        seed=seed,
+    )
+    _assert_close(got, expected, torch.bfloat16)
+
+
+def test_profiling_run_without_metadata_zero_fills_output():
+    impl = BwxAttentionImpl(NUM_HEADS, HEAD_SIZE, 0.125, NUM_KV_HEADS, None, None, "auto")
+    out = torch.full((3, NUM_HEADS, HEAD_SIZE), 5.0)
+    impl.forward(FakeLayer(1.0, 1.0), out, out, out, torch.empty(0), None, out)
+    assert torch.count_nonzero(out) == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"head_size": 72}, "head_size not supported"),
+        ({"kv_cache_dtype": "int8_per_token_head"}, "kv_cache_dtype not supported"),
+        ({"attn_type": "encoder_only"}, "attention type encoder_only not supported"),
+        ({"alibi_slopes": [0.5] * NUM_HEADS}, "ALiBi not supported"),
+    ],
+)
+def test_impl_refuses_unsupported_layers_with_the_validation_reasons(kwargs, match):
+    # The CPU platform skips vLLM's validation, so the Impl repeats it.
+    args = dict(
+        num_heads=NUM_HEADS,
+        head_size=HEAD_SIZE,
+        scale=0.125,
+        num_kv_heads=NUM_KV_HEADS,
+        alibi_slopes=None,
+        sliding_window=None,
+        kv_cache_dtype="auto",
+    )
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        BwxAttentionImpl(**args)
+
+
+def test_backend_declares_its_names_and_classes():
+    assert BwxAttentionBackend.get_name() == "BWX_ATTN"
+    assert BwxAttentionBackend.get_impl_cls() is BwxAttentionImpl
+    assert BwxAttentionBackend.get_builder_cls() is BwxAttentionMetadataBuilder
+    assert BwxAttentionBackend.forward_includes_kv_cache_update is False
+
+
+def test_cpu_impl_writes_the_cache_with_torch_since_vllm_cpu_disables_its_triton_writer():
+    impl = BwxAttentionImpl(NUM_HEADS, HEAD_SIZE, 0.125, NUM_KV_HEADS, None, None, "fp8")
+    assert impl._vllm_cache_writer is None
+
+
+def test_under_full_cuda_graphs_the_split_plan_does_not_depend_on_context_length(vllm_configs):
+    # A captured graph replays its split count for any context length, so every batch is
+    # planned for max_model_len when full graphs are on (the kernel divides each request's
+    # own key range among the splits on the device).
+    spec = FullAttentionSpec(
+        block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE, dtype=torch.bfloat16
+    )
+    builder = BwxAttentionMetadataBuilder(
+        spec, ["layer"], vllm_configs(torch.bfloat16, "auto"), "cpu"
+    )
+    assert builder.plan(2, 1, 300) == 1  # eager: too few keys to split
+    builder.plan_for_max_len = True
+    assert builder.plan(2, 1, 300) == builder.plan(2, 1, MAX_MODEL_LEN) > 1

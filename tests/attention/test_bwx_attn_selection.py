@@ -1,0 +1,181 @@
+"""The GPU user's selection path for BWX_ATTN, which no CPU engine takes.
+
+`--attention-backend BWX_ATTN` on a GPU reaches vLLM 0.32's
+`CudaPlatform.get_attn_backend_cls`, which validates the selected backend
+(`validate_configuration`) and refuses it with vLLM's reasons. Here that code runs on the CPU
+with the device query stubbed per test: every configuration of the support matrix is
+accepted on sm80/sm90/sm100/sm120, and each unsupported one is refused with the reason vLLM
+prints.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import types
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from vllm.platforms.interface import DeviceCapability  # noqa: E402
+from vllm.v1.attention.backends.registry import (  # noqa: E402
+    AttentionBackendEnum,
+    register_backend,
+)
+from vllm.v1.attention.selector import AttentionSelectorConfig  # noqa: E402
+
+BACKEND_PATH = "vllm_blackwell_ext.attention.bwx_attn.BwxAttentionBackend"
+
+SUPPORTED_CAPABILITIES = {
+    "sm80": DeviceCapability(8, 0),
+    "sm90": DeviceCapability(9, 0),
+    "sm100": DeviceCapability(10, 0),
+    "sm120": DeviceCapability(12, 0),
+}
+HEAD_SIZES = (64, 80, 96, 128, 192, 256)
+DTYPES = (torch.bfloat16, torch.float16)
+NATIVE_KV_DTYPES = ("auto", "float16", "bfloat16")
+FP8_KV_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
+# None = the user gave no --block-size (vLLM then validates without one).
+BLOCK_SIZES = (None, 16, 32, 64, 128)
+
+
+@pytest.fixture(scope="module")
+def cuda_platform():
+    """vLLM's CudaPlatform class, importable on the CPU build.
+
+    `vllm.platforms.cuda` imports the CUDA wheel's compiled op library at import time, which
+    the CPU build lacks; the selection code under test calls none of its ops, so an empty
+    module stands in for it while the platform module is imported.
+    """
+    patch = pytest.MonkeyPatch()
+    try:
+        import vllm._C_stable_libtorch  # noqa: F401
+    except ImportError:
+        patch.setitem(sys.modules, "vllm._C_stable_libtorch", types.ModuleType("stub"))
+    try:
+        from vllm.platforms.cuda import CudaPlatform
+    finally:
+        patch.undo()
+    return CudaPlatform
+
+
+@pytest.fixture(scope="module")
+def bwx_member() -> AttentionBackendEnum:
+    """The BWX_ATTN member, registered as the plugin's entry point does."""
+    from vllm_blackwell_ext import register
+
+    register()
+    if "BWX_ATTN" not in AttentionBackendEnum.__members__:
+        register_backend("BWX_ATTN", BACKEND_PATH)
+    member = AttentionBackendEnum["BWX_ATTN"]
+    assert member.get_path() == BACKEND_PATH
+    return member
+
+
+def _stub_capability(monkeypatch, platform, capability: DeviceCapability) -> None:
+    monkeypatch.setattr(
+        platform, "get_device_capability", classmethod(lambda cls, device_id=0: capability)
+    )
+
+
+def _config(**overrides) -> AttentionSelectorConfig:
+    fields = dict(head_size=128, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=16)
+    fields.update(overrides)
+    return AttentionSelectorConfig(**fields)
+
+
+@pytest.mark.parametrize("capability", SUPPORTED_CAPABILITIES.values(), ids=SUPPORTED_CAPABILITIES)
+def test_selection_accepts_every_configuration_of_the_support_matrix(
+    cuda_platform, bwx_member, monkeypatch, capability
+):
+    _stub_capability(monkeypatch, cuda_platform, capability)
+    # fp8 caches need sm89+ (Triton's fp8e4nv); every listed capability but sm80 has it.
+    kv_dtypes = NATIVE_KV_DTYPES + (FP8_KV_DTYPES if capability >= (8, 9) else ())
+    checked = 0
+    for head_size, dtype, kv_dtype, block_size, flags in itertools.product(
+        HEAD_SIZES, DTYPES, kv_dtypes, BLOCK_SIZES, itertools.product((False, True), repeat=3)
+    ):
+        has_sink, has_sliding_window, use_non_causal = flags
+        config = _config(
+            head_size=head_size,
+            dtype=dtype,
+            kv_cache_dtype=kv_dtype,
+            block_size=block_size,
+            has_sink=has_sink,
+            has_sliding_window=has_sliding_window,
+            use_non_causal=use_non_causal,
+        )
+        path = cuda_platform.get_attn_backend_cls(bwx_member, config)
+        assert path == BACKEND_PATH, config
+        checked += 1
+    assert checked >= 6 * 2 * 3 * 5 * 8
+
+
+@pytest.mark.parametrize(
+    ("capability", "overrides", "reason"),
+    [
+        pytest.param((9, 0), {"head_size": 72}, "head_size not supported", id="head72"),
+        pytest.param((9, 0), {"head_size": 512}, "head_size not supported", id="head512"),
+        pytest.param(
+            (9, 0),
+            {"kv_cache_dtype": "int8_per_token_head"},
+            "kv_cache_dtype not supported",
+            id="kv-int8-per-token-head",
+        ),
+        pytest.param(
+            (9, 0),
+            {"kv_cache_dtype": "fp8_per_token_head"},
+            "kv_cache_dtype not supported",
+            id="kv-fp8-per-token-head",
+        ),
+        pytest.param((9, 0), {"block_size": 24}, "block_size not supported", id="block24"),
+        pytest.param((9, 0), {"block_size": 8}, "block_size not supported", id="block8"),
+        pytest.param((7, 5), {}, "compute capability not supported", id="sm75"),
+        pytest.param((9, 0), {"dtype": torch.float32}, "dtype not supported", id="fp32"),
+        pytest.param((9, 0), {"use_mla": True}, "MLA not supported", id="mla"),
+        pytest.param(
+            (9, 0),
+            {"attn_type": "encoder_only"},
+            "attention type encoder_only not supported",
+            id="encoder-only",
+        ),
+        pytest.param(
+            (8, 0),
+            {"kv_cache_dtype": "fp8"},
+            "fp8 KV cache (fp8) needs compute capability >= 8.9, got 8.0",
+            id="fp8-on-sm80",
+        ),
+        pytest.param(
+            (8, 6),
+            {"kv_cache_dtype": "fp8_e5m2"},
+            "fp8 KV cache (fp8_e5m2) needs compute capability >= 8.9, got 8.6",
+            id="fp8e5m2-on-sm86",
+        ),
+    ],
+)
+def test_selection_refuses_unsupported_configuration_with_vllms_reason(
+    cuda_platform, bwx_member, monkeypatch, capability, overrides, reason
+):
+    _stub_capability(monkeypatch, cuda_platform, DeviceCapability(*capability))
+    with pytest.raises(ValueError) as excinfo:
+        cuda_platform.get_attn_backend_cls(bwx_member, _config(**overrides))
+    message = str(excinfo.value)
+    assert "Selected backend AttentionBackendEnum.BWX_ATTN is not valid" in message
+    assert reason in message
+
+
+def test_sm75_refusal_lists_every_reason_at_once(cuda_platform, bwx_member, monkeypatch):
+    _stub_capability(monkeypatch, cuda_platform, DeviceCapability(7, 5))
+    config = _config(head_size=72, kv_cache_dtype="int4_per_token_head", block_size=40)
+    with pytest.raises(ValueError) as excinfo:
+        cuda_platform.get_attn_backend_cls(bwx_member, config)
+    for reason in (
+        "head_size not supported",
+        "kv_cache_dtype not supported",
+        "block_size not supported",
+        "compute capability not supported",
+    ):
+        assert reason in str(excinfo.value)
