@@ -22,10 +22,10 @@ SUPPORTED_VLLM_SERIES = (0, 32)
 
 # Opt-in: point vLLM's CPU attention entries at our backends, so a CPU engine (which ignores
 # --attention-backend) runs our code. Comma-separated subset of CPU_OVERRIDE_TARGETS.
-CPU_OVERRIDE_ENV = "VLLM_BWX_CPU_BACKENDS"
+CPU_OVERRIDE_ENV = "BWX_CPU_BACKENDS"
 # Diagnostics: when set to a directory, every process that runs register() writes a small
 # JSON record there (pid, process name, what was registered). The e2e tests read it.
-TRACE_DIR_ENV = "VLLM_BWX_TRACE_DIR"
+TRACE_DIR_ENV = "BWX_TRACE_DIR"
 
 _lock = threading.Lock()
 _state: dict[str, object] = {"done": False, "warned": False, "registered": {}}
@@ -53,7 +53,7 @@ def is_supported_vllm(version: str | None) -> bool:
 
 
 def parse_cpu_override(value: str | None) -> tuple[str, ...]:
-    """Parse VLLM_BWX_CPU_BACKENDS: '', 'none', or a comma list of 'attn' and 'mla'."""
+    """Parse BWX_CPU_BACKENDS: '', 'none', or a comma list of 'attn' and 'mla'."""
     if value is None or value.strip().lower() in ("", "none", "0"):
         return ()
     chosen = tuple(part.strip().lower() for part in value.split(",") if part.strip())

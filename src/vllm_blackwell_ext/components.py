@@ -14,7 +14,7 @@ from dataclasses import dataclass
 class BackendEntry:
     name: str
     class_path: str
-    # vLLM CPU members this backend replaces under the VLLM_BWX_CPU_BACKENDS opt-in.
+    # vLLM CPU members this backend replaces under the BWX_CPU_BACKENDS opt-in.
     cpu_members: tuple[str, ...]
     summary: str
 
@@ -28,16 +28,17 @@ BWX_ATTN = BackendEntry(
 BWX_MLA = BackendEntry(
     name="BWX_MLA",
     class_path="vllm_blackwell_ext.attention.bwx_mla.BwxMLABackend",
-    cpu_members=("CPU_MLA",),
+    # vLLM picks AMX_MLA instead of CPU_MLA on x86 CPUs with AMX tiles.
+    cpu_members=("CPU_MLA", "AMX_MLA"),
     summary="multi-head latent attention (split-KV decode, fp8 KV, DCP context gather)",
 )
 BACKENDS: tuple[BackendEntry, ...] = (BWX_ATTN, BWX_MLA)
 CPU_OVERRIDE_TARGETS: dict[str, BackendEntry] = {"attn": BWX_ATTN, "mla": BWX_MLA}
 
-# Draft-model architectures registered with vLLM's ModelRegistry: arch -> "module:Class".
-MODELS: dict[str, str] = {
-    "BwxDFlashDraftModel": "vllm_blackwell_ext.dflash.model:BwxDFlashDraftModel",
-}
+# Draft models: `dflash/registration.py` (imports no vLLM) says which architecture names map
+# to our DFlash draft; register() hands them to vLLM's ModelRegistry.
+DFLASH_REGISTRATION_MODULE = "vllm_blackwell_ext.dflash.registration"
+DFLASH_MODEL_MODULE = "vllm_blackwell_ext.dflash.model"
 
 # torch.library ops, registered when `vllm_blackwell_ext.ops` is imported.
 OPS_MODULE = "vllm_blackwell_ext.ops"
@@ -56,4 +57,9 @@ def available_backends() -> list[BackendEntry]:
 
 
 def available_models() -> dict[str, str]:
-    return {a: q for a, q in MODELS.items() if module_exists(q.split(":", 1)[0])}
+    """Draft architecture name -> "module:Class" (empty when this build has no DFlash)."""
+    if not module_exists(DFLASH_MODEL_MODULE):
+        return {}
+    from vllm_blackwell_ext.dflash.registration import dflash_architectures
+
+    return dflash_architectures()

@@ -10,7 +10,7 @@ Same argument names, order and meaning as vLLM's CUDA ops in ``vllm/_custom_ops.
 caller swaps one for the other. Both write ``dst`` only (declared as ``Tensor(a!) dst``), have
 fake implementations for ``torch.compile``/CUDA-graph tracing, and validate every argument's
 dtype, device and shape before anything is launched (errors name the argument). Index values
-are not read on the host (that would synchronise); ``VLLM_BWX_DEBUG_BOUNDS=1`` checks them too,
+are not read on the host (that would synchronise); ``BWX_DEBUG_BOUNDS=1`` checks them too,
 see `vllm_blackwell_ext.kernels.kv_gather`.
 """
 

@@ -177,12 +177,21 @@ def _run_step(
     softcap: float = 0.0,
     num_padding_tokens: int = 2,
     seed: int = 0,
+    layer_mode: tuple[bool, int | None] | None = None,
 ):
-    """Write context and step K/V through the Impl, run forward; return (ours, reference, md)."""
+    """Write context and step K/V through the Impl, run forward; return (ours, reference, md).
+
+    `layer_mode` = (causal, window) set on the layer as `bwx_causal` / `bwx_sliding_window`
+    (a mixed DFlash draft's per-layer mode): it, not the batch's `causal` and the Impl's
+    `window`, is what the reference computes."""
     gen = torch.Generator().manual_seed(seed)
     vllm_config = vllm_configs(dtype, kv_cache_dtype)
     k_scale, v_scale = (0.5, 0.25) if kv_cache_dtype in FP8 else (1.0, 1.0)
     layer = FakeLayer(k_scale, v_scale)
+    effective_causal, effective_window = causal, window
+    if layer_mode is not None:
+        layer.bwx_causal, layer.bwx_sliding_window = layer_mode
+        effective_causal, effective_window = layer_mode
     sinks = torch.randn(NUM_HEADS, generator=gen).to(dtype) if use_sinks else None
     scale = 1.0 / math.sqrt(HEAD_SIZE)
     impl = BwxAttentionImpl(
@@ -297,7 +306,8 @@ def _run_step(
 
     expected = _reference(
         query[:num_tokens], ref_k, ref_v, requests,
-        scale=scale, causal=causal, window=window, sinks=sinks, softcap=softcap,
+        scale=scale, causal=effective_causal, window=effective_window, sinks=sinks,
+        softcap=softcap,
     )  # fmt: skip
     return output[:num_tokens], expected, metadata
 
@@ -328,6 +338,22 @@ def test_noncausal_draft_block_sees_whole_context_and_window_is_backward_only(vl
     requests = [Request(50, 4), Request(33, 4), Request(9, 4)]
     got, expected, md = _run_step(vllm_configs, requests, causal=False, window=window, seed=1)
     assert md.causal is False
+    _assert_close(got, expected, torch.bfloat16)
+
+
+@pytest.mark.parametrize(
+    "batch_causal, layer_mode",
+    [(False, (True, 12)), (True, (False, None)), (False, (False, 20))],
+    ids=["sliding-causal-layer-in-noncausal-batch", "full-noncausal-layer", "noncausal-window"],
+)
+def test_per_layer_mode_of_a_mixed_dflash_draft_overrides_the_batch(
+    vllm_configs, batch_causal, layer_mode
+):
+    requests = [Request(40, 4), Request(17, 4)]
+    got, expected, md = _run_step(
+        vllm_configs, requests, causal=batch_causal, layer_mode=layer_mode, seed=6
+    )
+    assert md.causal is batch_causal
     _assert_close(got, expected, torch.bfloat16)
 
 

@@ -216,7 +216,7 @@ def test_backend_declares_dcp_lse_and_uniform_cudagraphs():
 def test_cpu_mla_member_resolves_to_bwx_mla_under_the_cpu_override(monkeypatch):
     """The CPU engine's route: vLLM's CPU platform always answers its CPU_MLA member for MLA
     models; with the member pointed at our class (what register() does under
-    VLLM_BWX_CPU_BACKENDS=mla) the engine builds BWX_MLA, and the CPU prefill backend vLLM
+    BWX_CPU_BACKENDS=mla) the engine builds BWX_MLA, and the CPU prefill backend vLLM
     pairs with it is still CPU_SDPA_MLA."""
     from vllm.platforms.cpu import CpuPlatform
 

@@ -69,7 +69,7 @@ def test_cpu_override_values(value, expected):
 
 def test_unknown_cpu_override_names_accepted_values(fresh_state, monkeypatch):
     monkeypatch.setenv(reg.CPU_OVERRIDE_ENV, "attn,flash")
-    with pytest.raises(ValueError, match=r"VLLM_BWX_CPU_BACKENDS.*'flash'.*\['attn', 'mla'\]"):
+    with pytest.raises(ValueError, match=r"BWX_CPU_BACKENDS.*'flash'.*\['attn', 'mla'\]"):
         reg.register()
 
 

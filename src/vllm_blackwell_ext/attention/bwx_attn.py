@@ -274,6 +274,10 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
 class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
     """do_kv_cache_update() writes the paged cache; forward() launches the kernel."""
 
+    # forward() honours per-layer `bwx_causal` / `bwx_sliding_window` attributes on the layer
+    # (DFlash drafts that mix causal sliding and non-causal full layers set them).
+    supports_layer_attention_overrides: ClassVar[bool] = True
+
     def __init__(
         self,
         num_heads: int,
@@ -289,7 +293,7 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
         sinks: torch.Tensor | None = None,
     ) -> None:
         # The CPU platform never runs vLLM's validation, so an engine that reaches us there
-        # (VLLM_BWX_CPU_BACKENDS=attn) is refused here with the same reasons.
+        # (BWX_CPU_BACKENDS=attn) is refused here with the same reasons.
         reasons = _unsupported_reasons(head_size, kv_cache_dtype, attn_type)
         if alibi_slopes is not None:
             reasons.append("ALiBi not supported")
@@ -436,6 +440,9 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
             self.process_weights_after_loading(self.sinks.dtype)
         key_cache, value_cache = self._kv_views(kv_cache)
         quantized = self.fp8_dtype is not None
+        # A DFlash draft mixing sliding (causal) and full (non-causal) layers runs under one
+        # batch-wide causal flag in vLLM 0.32; such layers carry their own mode (dflash/model.py).
+        layer_causal = getattr(layer, "bwx_causal", None)
         paged_attention(
             query[:num_tokens],
             key_cache,
@@ -447,8 +454,8 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
             max_seqlen_q=attn_metadata.max_query_len,
             max_seqlen_k=attn_metadata.max_seq_len,
             softmax_scale=self.scale,
-            causal=attn_metadata.causal,
-            sliding_window=self.sliding_window,
+            causal=attn_metadata.causal if layer_causal is None else layer_causal,
+            sliding_window=getattr(layer, "bwx_sliding_window", self.sliding_window),
             sinks=self._sinks_f32,
             softcap=self.logits_soft_cap,
             k_scale=layer._k_scale if quantized else None,

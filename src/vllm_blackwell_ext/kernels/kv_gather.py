@@ -19,7 +19,7 @@ What the fast path assumes (it does not check, to stay capture-safe and sync-fre
   * ``0 <= seq_starts[b]`` and ``seq_starts[b] + seq_len_b <= block_table.shape[1] * block_size``;
   * every block-table entry it reads lies in ``[0, num_blocks)``.
 Rows it writes are always inside ``dst`` (``t < num_tokens <= dst.shape[0]``, or ``t <
-dst.shape[0]`` for ``cp_gather_cache``), whatever the indices hold. With ``VLLM_BWX_DEBUG_BOUNDS=1``
+dst.shape[0]`` for ``cp_gather_cache``), whatever the indices hold. With ``BWX_DEBUG_BOUNDS=1``
 the launchers check all four assumptions on the host first (this synchronises) and raise
 ``ValueError`` naming the argument, and the kernel additionally masks every index it derives, so
 a bad block-table entry can never make it read outside ``src_cache``.
@@ -36,7 +36,7 @@ import triton.language as tl
 
 from .device import device_info
 
-DEBUG_BOUNDS_ENV = "VLLM_BWX_DEBUG_BOUNDS"
+DEBUG_BOUNDS_ENV = "BWX_DEBUG_BOUNDS"
 
 # kv_cache_dtype strings (vLLM's spelling) -> how the cache's bytes are read.
 FP8_KV_CACHE_DTYPES: dict[str, torch.dtype] = {
@@ -54,7 +54,7 @@ DST_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.floa
 
 
 def debug_bounds_enabled() -> bool:
-    """True when ``VLLM_BWX_DEBUG_BOUNDS`` asks for checked gathers (read at every call)."""
+    """True when ``BWX_DEBUG_BOUNDS`` asks for checked gathers (read at every call)."""
     return os.environ.get(DEBUG_BOUNDS_ENV, "0").strip().lower() not in ("", "0", "false", "no")
 
 

@@ -5,7 +5,8 @@ and by `vllm-bwx demo`. vLLM starts its engine core and workers in spawned proce
 this module must only do work under `if __name__ == "__main__"` or when called.
 
 Job spec (JSON): {"model": dir, "llm_kwargs": {...}, "register_backends": {name: class path},
-"runs": [{"name": str, "prompts": [[token ids], ...], "sampling": {SamplingParams kwargs}}]}.
+"runs": [{"name": str, "prompts": [[token ids], ...], "sampling": {SamplingParams kwargs},
+"one_at_a_time": bool}]}.
 """
 
 from __future__ import annotations
@@ -53,7 +54,11 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     for run in spec["runs"]:
         sampling = SamplingParams(**run.get("sampling", {}))
         prompts = [{"prompt_token_ids": ids} for ids in run["prompts"]]
-        outputs = llm.generate(prompts, sampling, use_tqdm=False)
+        if run.get("one_at_a_time"):
+            # each prompt alone: the batch's composition cannot depend on request timing
+            outputs = [llm.generate([p], sampling, use_tqdm=False)[0] for p in prompts]
+        else:
+            outputs = llm.generate(prompts, sampling, use_tqdm=False)
         rows = []
         for out in outputs:
             completion = out.outputs[0]

