@@ -11,8 +11,6 @@ prints.
 from __future__ import annotations
 
 import itertools
-import sys
-import types
 
 import pytest
 import torch
@@ -22,18 +20,17 @@ pytest.importorskip("vllm")
 from vllm.platforms.interface import DeviceCapability  # noqa: E402
 from vllm.v1.attention.backends.registry import (  # noqa: E402
     AttentionBackendEnum,
-    register_backend,
 )
 from vllm.v1.attention.selector import AttentionSelectorConfig  # noqa: E402
 
+from tests.attention.conftest import (  # noqa: E402
+    SUPPORTED_CAPABILITIES,
+    registered_member,
+    stub_capability,
+)
+
 BACKEND_PATH = "vllm_blackwell_ext.attention.bwx_attn.BwxAttentionBackend"
 
-SUPPORTED_CAPABILITIES = {
-    "sm80": DeviceCapability(8, 0),
-    "sm90": DeviceCapability(9, 0),
-    "sm100": DeviceCapability(10, 0),
-    "sm120": DeviceCapability(12, 0),
-}
 HEAD_SIZES = (64, 80, 96, 128, 192, 256)
 DTYPES = (torch.bfloat16, torch.float16)
 NATIVE_KV_DTYPES = ("auto", "float16", "bfloat16")
@@ -43,42 +40,8 @@ BLOCK_SIZES = (None, 16, 32, 64, 128)
 
 
 @pytest.fixture(scope="module")
-def cuda_platform():
-    """vLLM's CudaPlatform class, importable on the CPU build.
-
-    `vllm.platforms.cuda` imports the CUDA wheel's compiled op library at import time, which
-    the CPU build lacks; the selection code under test calls none of its ops, so an empty
-    module stands in for it while the platform module is imported.
-    """
-    patch = pytest.MonkeyPatch()
-    try:
-        import vllm._C_stable_libtorch  # noqa: F401
-    except ImportError:
-        patch.setitem(sys.modules, "vllm._C_stable_libtorch", types.ModuleType("stub"))
-    try:
-        from vllm.platforms.cuda import CudaPlatform
-    finally:
-        patch.undo()
-    return CudaPlatform
-
-
-@pytest.fixture(scope="module")
 def bwx_member() -> AttentionBackendEnum:
-    """The BWX_ATTN member, registered as the plugin's entry point does."""
-    from vllm_blackwell_ext import register
-
-    register()
-    if "BWX_ATTN" not in AttentionBackendEnum.__members__:
-        register_backend("BWX_ATTN", BACKEND_PATH)
-    member = AttentionBackendEnum["BWX_ATTN"]
-    assert member.get_path() == BACKEND_PATH
-    return member
-
-
-def _stub_capability(monkeypatch, platform, capability: DeviceCapability) -> None:
-    monkeypatch.setattr(
-        platform, "get_device_capability", classmethod(lambda cls, device_id=0: capability)
-    )
+    return registered_member("BWX_ATTN", BACKEND_PATH)
 
 
 def _config(**overrides) -> AttentionSelectorConfig:
@@ -91,7 +54,7 @@ def _config(**overrides) -> AttentionSelectorConfig:
 def test_selection_accepts_every_configuration_of_the_support_matrix(
     cuda_platform, bwx_member, monkeypatch, capability
 ):
-    _stub_capability(monkeypatch, cuda_platform, capability)
+    stub_capability(monkeypatch, cuda_platform, capability)
     # fp8 caches need sm89+ (Triton's fp8e4nv); every listed capability but sm80 has it.
     kv_dtypes = NATIVE_KV_DTYPES + (FP8_KV_DTYPES if capability >= (8, 9) else ())
     checked = 0
@@ -159,7 +122,7 @@ def test_selection_accepts_every_configuration_of_the_support_matrix(
 def test_selection_refuses_unsupported_configuration_with_vllms_reason(
     cuda_platform, bwx_member, monkeypatch, capability, overrides, reason
 ):
-    _stub_capability(monkeypatch, cuda_platform, DeviceCapability(*capability))
+    stub_capability(monkeypatch, cuda_platform, DeviceCapability(*capability))
     with pytest.raises(ValueError) as excinfo:
         cuda_platform.get_attn_backend_cls(bwx_member, _config(**overrides))
     message = str(excinfo.value)
@@ -168,7 +131,7 @@ def test_selection_refuses_unsupported_configuration_with_vllms_reason(
 
 
 def test_sm75_refusal_lists_every_reason_at_once(cuda_platform, bwx_member, monkeypatch):
-    _stub_capability(monkeypatch, cuda_platform, DeviceCapability(7, 5))
+    stub_capability(monkeypatch, cuda_platform, DeviceCapability(7, 5))
     config = _config(head_size=72, kv_cache_dtype="int4_per_token_head", block_size=40)
     with pytest.raises(ValueError) as excinfo:
         cuda_platform.get_attn_backend_cls(bwx_member, config)
