@@ -104,24 +104,32 @@ def teacher_forced_deltas(reference, other) -> list[float]:
     ]
 
 
-def assert_same_generation(reference, ours, max_tol: float, mean_tol: float) -> None:
-    """Greedy tokens equal wherever the reference is decisive; teacher-forced log-probabilities
-    (run "teacher_forced") within max_tol / mean_tol nats. Runs named "mixed" and
-    "teacher_forced" are expected in both results."""
+def assert_same_generation(
+    reference, ours, max_tol: float, mean_tol: float, near_tie: float = NEAR_TIE_NATS
+) -> None:
+    """Greedy rows agree: while the tokens are equal their log-probabilities are within
+    max_tol; the first differing token is allowed only where the reference's best token led the
+    runner-up by at most `near_tie` nats, and the row is compared no further. Teacher-forced
+    prompt log-probabilities (run "teacher_forced") are within max_tol / mean_tol nats. Runs
+    named "mixed" and "teacher_forced" are expected in both results."""
     compared, total = 0, 0
     for ref_row, our_row in zip(reference["runs"]["mixed"], ours["runs"]["mixed"], strict=True):
         total += len(ref_row["token_ids"])
         for step, (ref_tok, tok) in enumerate(
             zip(ref_row["token_ids"], our_row["token_ids"], strict=True)
         ):
-            best, runner_up = ref_row["top_logprobs"][step][:2]
-            if best - runner_up <= NEAR_TIE_NATS:
-                break  # a near tie: either choice is right, and the rows then differ
-            assert tok == ref_tok, (step, ref_row, our_row)
-            assert abs(ref_row["logprobs"][step] - our_row["logprobs"][step]) <= max_tol
+            if tok != ref_tok:
+                best, runner_up = ref_row["top_logprobs"][step][:2]
+                assert best - runner_up <= near_tie, (step, ref_row, our_row)
+                break  # a near tie went the other way: the rows differ from here on
+            assert abs(ref_row["logprobs"][step] - our_row["logprobs"][step]) <= max_tol, (
+                step,
+                ref_row,
+                our_row,
+            )
             compared += 1
-    # not vacuous: a quarter of all steps at least were decisive and compared
-    assert 4 * compared >= total, f"only {compared} of {total} greedy steps were decisive"
+    # not vacuous: a quarter of all steps at least were compared
+    assert 4 * compared >= total, f"only {compared} of {total} greedy steps were compared"
     deltas = teacher_forced_deltas(reference, ours)
     assert max(deltas) <= max_tol, max(deltas)
     assert sum(deltas) / len(deltas) <= mean_tol, sum(deltas) / len(deltas)

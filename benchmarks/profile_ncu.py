@@ -1,0 +1,60 @@
+"""Profile the cases that missed their goals under Nsight Compute, one kernel launch each.
+
+Run on the GPU machine (no vLLM needed):
+
+    ncu --profile-from-start off --clock-control none \
+        --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats python3 benchmarks/profile_ncu.py
+
+Each case is built with its benchmark's own input builder and planner, launched once to
+compile, then once more between cudaProfilerStart/Stop so ncu records only that launch.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from vllm_blackwell_ext.bench import mla_decode as mla_bench
+from vllm_blackwell_ext.bench import paged_attention as pa_bench
+from vllm_blackwell_ext.kernels.paged_attention import SplitKVWorkspace
+
+MLA_CASES = (
+    "h16 fp8 B=64 ctx=32k",
+    "h16 bf16 B=64 ctx=32k",
+    "h128 bf16 B=64 ctx=32k",
+    "h16 bf16 B=1 ctx=128k",
+)
+PAGED_CASES = ("decode fp8 B=64 ctx=32k", "decode bf16 B=64 ctx=32k")
+
+
+def _profiled(name: str, fn) -> None:
+    fn()  # compile and warm up outside the profiled range
+    torch.cuda.synchronize()
+    print(f"== {name}", flush=True)
+    torch.cuda.cudart().cudaProfilerStart()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("profile_ncu.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    caches = mla_bench.Caches("cuda")
+    by_name = {c.name: c for c in mla_bench.cases()}
+    for name in MLA_CASES:
+        case = by_name[name]
+        _profiled(f"mla {name}", mla_bench.ours_fn(case, mla_bench.make_inputs(case, caches)))
+    ws = SplitKVWorkspace.for_device(32, 8, 128, torch.device("cuda"))
+    by_name = {c.name: c for c in pa_bench.cases()}
+    for name in PAGED_CASES:
+        case = by_name[name]
+        _profiled(f"paged {name}", pa_bench.ours_fn(case, pa_bench.Inputs(case), ws))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
