@@ -43,7 +43,15 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
             register_named_backend(name, class_path)
     started = time.perf_counter()
     llm = LLM(model=spec["model"], **spec.get("llm_kwargs", {}))
-    load_s = time.perf_counter() - started
+    try:
+        return _generate(llm, spec, SamplingParams, load_s=time.perf_counter() - started)
+    finally:
+        # Stop the engine core and its workers now: left to garbage collection, a console
+        # script (vllm-bwx demo) was seen waiting on them forever after printing its result.
+        llm.llm_engine.engine_core.shutdown()
+
+
+def _generate(llm, spec: dict[str, Any], sampling_params_cls, load_s: float) -> dict[str, Any]:
     try:
         backends = llm.collective_rpc(_attention_backends_of_worker)
     except Exception as exc:  # reporting only: never fail a generation over it
@@ -52,7 +60,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     generated = 0
     gen_started = time.perf_counter()
     for run in spec["runs"]:
-        sampling = SamplingParams(**run.get("sampling", {}))
+        sampling = sampling_params_cls(**run.get("sampling", {}))
         prompts = [{"prompt_token_ids": ids} for ids in run["prompts"]]
         if run.get("one_at_a_time"):
             # each prompt alone: the batch's composition cannot depend on request timing
