@@ -8,7 +8,6 @@ import importlib
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -265,8 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             _print_doctor(report, ok)
         return 0 if ok else 1
     if args.command == "demo":
-        with tempfile.TemporaryDirectory():
-            return _demo(args)
+        return _demo(args)
     module = BENCHES[args.op]
     if not components.module_exists(module):
         print(f"benchmark {args.op!r} is not part of this build ({module})", file=sys.stderr)
