@@ -264,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
             _print_doctor(report, ok)
         return 0 if ok else 1
     if args.command == "demo":
-        return _demo(args)
+        from vllm_blackwell_ext.testing.engine_job import exit_now
+
+        exit_now(_demo(args))
     module = BENCHES[args.op]
     if not components.module_exists(module):
         print(f"benchmark {args.op!r} is not part of this build ({module})", file=sys.stderr)

@@ -12,6 +12,7 @@ Job spec (JSON): {"model": dir, "llm_kwargs": {...}, "register_backends": {name:
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -144,5 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_now(status: int) -> None:
+    """Leave without interpreter finalisation, once results are written and the engine is shut
+    down: a job process was seen aborting there ("terminate called without an active
+    exception", from a native thread torn down at exit) after its work had completed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
