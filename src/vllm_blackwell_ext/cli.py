@@ -23,6 +23,8 @@ BENCHES = {
     "kv-gather": "vllm_blackwell_ext.bench.kv_gather",
     "paged-attention": "vllm_blackwell_ext.bench.paged_attention",
     "mla-decode": "vllm_blackwell_ext.bench.mla_decode",
+    "dflash-step": "vllm_blackwell_ext.bench.dflash_step",
+    "dflash": "vllm_blackwell_ext.bench.dflash",  # acceptance of a tiny trained pair (CPU too)
 }
 DEFAULT_DEMO_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-bwx"
 
@@ -251,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     demo.add_argument("--max-tokens", type=int, default=12)
     demo.add_argument("--json", action="store_true", help="also print the raw result")
-    bench = sub.add_parser("bench", help="side-by-side kernel benchmark (needs a GPU)")
+    bench = sub.add_parser(
+        "bench", help="side-by-side kernel benchmark (GPU), or DFlash acceptance (dflash)"
+    )
     bench.add_argument("op", choices=sorted(BENCHES))
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     args = parser.parse_args(argv)

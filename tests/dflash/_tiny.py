@@ -175,15 +175,11 @@ def write_crafted_pair(
     Target: token embeddings are orthonormal in the first 32 of 128 dims and every layer's
     o_proj/down_proj is zero, so the residual stream is the embedding and the LM head (row
     t + shift = e_t) makes the greedy next token `t + shift (mod vocab)`.
-    Draft (2 heads, 1 kv head of 64): q_proj = 0 gives uniform attention; v_proj/o_proj copy
-    the first 32 dims; fc = 0 and
-    a zero `mask_embedding.pt` leave the bonus token as the only non-zero value, so every slot
-    proposes `bonus + shift`. shift=0: all proposals accepted; shift=1: exactly one per step.
+    Draft: `_write_copying_draft`, every slot proposes `bonus + shift`. shift=0: all proposals
+    accepted; shift=1: exactly one per step.
     """
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    if vocab > 32:
-        raise ValueError(f"vocab must be <= 32 (orthonormal in 32 dims); got {vocab}")
     root = os.fspath(root)
     tdir, ddir = os.path.join(root, "target"), os.path.join(root, "draft")
     hidden = 128
@@ -201,12 +197,7 @@ def write_crafted_pair(
         eos_token_id=0,
     )
     target = Qwen3ForCausalLM(tcfg)
-    q, _ = torch.linalg.qr(torch.randn(32, 32, generator=torch.Generator().manual_seed(7)))
-    emb = torch.zeros(vocab, hidden)
-    emb[:, :32] = q[:vocab]
-    head = torch.zeros(vocab, hidden)
-    for t in range(vocab):
-        head[(t + shift) % vocab] = 10.0 * emb[t]
+    emb, head = _shift_embeddings(vocab, hidden, shift)
     with torch.no_grad():
         target.model.embed_tokens.weight.copy_(emb)
         target.lm_head.weight.copy_(head)
@@ -215,6 +206,113 @@ def write_crafted_pair(
             layer.mlp.down_proj.weight.zero_()
     target.save_pretrained(tdir)
 
+    _write_copying_draft(ddir, vocab=vocab, block_size=block_size)
+    return tdir, ddir
+
+
+def _shift_embeddings(vocab: int, hidden: int, shift: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Embedding rows orthonormal in the first 32 dims and an LM head with row t + shift =
+    10 * e_t: a target whose residual stream is the embedding predicts `t + shift`."""
+    if vocab > 32:
+        raise ValueError(f"vocab must be <= 32 (orthonormal in 32 dims); got {vocab}")
+    q, _ = torch.linalg.qr(torch.randn(32, 32, generator=torch.Generator().manual_seed(7)))
+    emb = torch.zeros(vocab, hidden)
+    emb[:, :32] = q[:vocab]
+    head = torch.zeros(vocab, hidden)
+    for t in range(vocab):
+        head[(t + shift) % vocab] = 10.0 * emb[t]
+    return emb, head
+
+
+def write_mla_pair(
+    root: str | os.PathLike[str], *, draft: str, block_size: int = 4
+) -> tuple[str, str]:
+    """A DeepSeek-V2 (MLA) target of 2 layers, hidden 128, and a DFlash draft for it.
+
+    draft="random": the random tiny target of `testing.tiny_models` (vocab 512) and a random
+    draft. draft="shift0": a crafted target (vocab 32, o_proj/down_proj zero, so the greedy
+    next token repeats the last one) and `_write_copying_draft`: every proposal is accepted.
+    Both drafts read target layer 0 only: with 2 target layers the last one (1) is refused
+    (`plan_for_vllm`: vLLM captures it before the final norm, HF after it).
+    """
+    from vllm_blackwell_ext.testing.tiny_models import write_tiny_deepseek_v2
+
+    root = os.fspath(root)
+    tdir, ddir = os.path.join(root, "target"), os.path.join(root, "draft")
+    ids, num_target = (0,), 2
+    if draft == "random":
+        write_tiny_deepseek_v2(tdir)
+        cfg, plan = tiny_plan(
+            hidden=128,
+            heads=2,
+            kv_heads=1,
+            vocab=512,
+            block_size=block_size,
+            mask_token_id=511,
+            target_layer_ids=ids,
+            num_target_layers=num_target,
+        )
+        cfg["architectures"] = ["BwxDFlashDraftModel"]
+        cfg["hidden_act"] = "silu"
+        write_draft(ddir, cfg, random_draft_tensors(plan, seed=1))
+        return tdir, ddir
+    if draft != "shift0":
+        raise ValueError(f"draft must be 'random' or 'shift0'; got {draft!r}")
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+
+    vocab, hidden = 32, 128
+    # The tiny_models shape (kv_lora_rank 512 + rope 64: the latent width MLA backends take).
+    tcfg = DeepseekV2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=None,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        first_k_dense_replace=2,  # dense MLPs: down_proj = 0 silences them
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    torch.manual_seed(0)
+    target = DeepseekV2ForCausalLM(tcfg)
+    emb, head = _shift_embeddings(vocab, hidden, 0)
+    with torch.no_grad():
+        target.model.embed_tokens.weight.copy_(emb)
+        target.lm_head.weight.copy_(head)
+        for layer in target.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    target.save_pretrained(tdir)
+    _write_copying_draft(
+        ddir, vocab=vocab, block_size=block_size, target_layer_ids=ids, num_target_layers=num_target
+    )
+    return tdir, ddir
+
+
+def _write_copying_draft(
+    ddir: str,
+    *,
+    vocab: int,
+    block_size: int,
+    target_layer_ids: tuple[int, ...] = (0, 2),
+    num_target_layers: int = 4,
+) -> None:
+    """Draft (hidden 128, 2 heads, 1 kv head of 64) whose every slot outputs the bonus token's
+    embedding: q_proj = 0 gives uniform attention; v_proj/o_proj copy the first 32 dims; fc = 0
+    and a zero `mask_embedding.pt` leave the bonus token as the only non-zero value. Through a
+    crafted target's LM head (row t + shift = e_t) every slot proposes `bonus + shift`."""
+    hidden = 128
     cfg, plan = tiny_plan(
         hidden=hidden,
         heads=2,
@@ -223,6 +321,8 @@ def write_crafted_pair(
         vocab=vocab,
         block_size=block_size,
         mask_token_id=vocab - 1,
+        target_layer_ids=target_layer_ids,
+        num_target_layers=num_target_layers,
     )
     cfg["architectures"] = ["BwxDFlashDraftModel"]
     cfg["hidden_act"] = "silu"
@@ -245,4 +345,3 @@ def write_crafted_pair(
     w["norm.weight"].fill_(1.0)
     write_draft(ddir, cfg, w)
     torch.save(torch.zeros(hidden), os.path.join(ddir, "mask_embedding.pt"))
-    return tdir, ddir

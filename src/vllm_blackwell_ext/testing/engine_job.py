@@ -114,21 +114,21 @@ def _generate(llm, spec: dict[str, Any], sampling_params_cls, load_s: float) -> 
     }
 
 
-def _spec_decode_metrics(llm) -> dict[str, float]:
-    """Speculative-decoding counters from vLLM's metrics (empty when not speculating)."""
+def _spec_decode_metrics(llm) -> dict[str, float | list[int]]:
+    """Speculative-decoding counters from vLLM's metrics (empty when not speculating); the
+    per-position counters stay vectors (index i: drafts whose slot i was accepted)."""
     try:
         metrics = llm.get_metrics()
     except Exception:
         return {}
-    found: dict[str, float] = {}
+    found: dict[str, float | list[int]] = {}
     for metric in metrics:
         if metric.name.startswith("vllm:spec_decode"):
             value = getattr(metric, "value", None)
-            if value is None:
-                value = getattr(metric, "values", None)
-                value = sum(value) if value else None
             if value is not None:
                 found[metric.name] = float(value)
+            elif getattr(metric, "values", None) is not None:
+                found[metric.name] = [int(v) for v in metric.values]
     return found
 
 

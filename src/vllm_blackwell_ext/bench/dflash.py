@@ -1,0 +1,261 @@
+"""DFlash acceptance (`vllm-bwx bench dflash`): mean accepted length and per-position acceptance
+of a tiny trained target + draft pair, for block sizes 4, 8 and 16.
+
+The pair is trained on first use (`bench/dflash_pair.py`, fixed seed, a few minutes on the
+CPU) and cached. For every block size B the draft proposes B - 1 tokens per step
+(`num_speculative_tokens = B - 1`) at temperature 0 on held-out prompts, measured twice:
+
+- the oracle: `reference/dflash.py` (z-lab's `dflash_generate`, pure torch, fp32);
+- vLLM: a real engine serving the target with our DFlash draft
+  (`"method": "dflash"`), acceptance read from vLLM's own spec-decode counters. Its greedy
+  tokens are checked against the oracle's (fp32: they must be equal).
+
+tau (mean acceptance length) = committed tokens per verification step = 1 + accepted drafts
+per step, the paper's definition. Per-position acceptance p_i = share of steps whose first i
+proposals were all accepted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vllm_blackwell_ext.bench.dflash_pair import PairSettings, build_pair, held_out_prompts
+from vllm_blackwell_ext.bench.harness import progress
+
+DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-bwx"
+
+
+def _oracle(pair: Path, block: int, prompts: list[list[int]], max_tokens: int) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from vllm_blackwell_ext.dflash.config import load_dflash_plan
+    from vllm_blackwell_ext.dflash.loader import read_draft_tensors, read_mask_embedding
+    from vllm_blackwell_ext.reference.dflash import RefDraftSpec, dflash_generate_reference
+
+    target = AutoModelForCausalLM.from_pretrained(pair / "target", dtype=torch.float32).eval()
+    draft = pair / f"draft-b{block}"
+    plan = load_dflash_plan(draft)
+    spec = RefDraftSpec(
+        num_heads=plan.num_attention_heads,
+        num_kv_heads=plan.num_key_value_heads,
+        head_dim=plan.head_dim,
+        target_layer_ids=plan.target_layer_ids,
+        mask_token_id=plan.mask_token_id,
+        block_size=plan.block_size,
+        layer_attention=tuple((lp.causal, lp.sliding_window) for lp in plan.layers),
+        rms_norm_eps=plan.rms_norm_eps,
+        rope_theta=plan.rope_theta,
+    )
+    weights = read_draft_tensors(draft, plan, dtype=torch.float32).tensors
+    mask = read_mask_embedding(draft, plan)
+    tokens, accepted = [], []
+    for p in progress(prompts, desc=f"oracle b{block}"):
+        r = dflash_generate_reference(target, spec, weights, p, max_tokens, mask_embedding=mask)
+        tokens.append(r.tokens)
+        accepted += [s.accepted for s in r.steps]
+    return {"tokens": tokens, "accepted": accepted}
+
+
+def _engine(
+    pair: Path, block: int, prompts: list[list[int]], max_tokens: int, backend: str, tmp: Path
+) -> dict:
+    """One vLLM engine (own process: vLLM spawns its workers) with our draft."""
+    on_gpu = torch.cuda.is_available()
+    env = dict(os.environ)
+    llm_kwargs: dict[str, Any] = {
+        "skip_tokenizer_init": True,
+        "max_model_len": 512,
+        "seed": 0,
+        "dtype": "float32" if backend == "vllm-default" else "bfloat16",
+        "gpu_memory_utilization": 0.5 if on_gpu else 0.2,
+        "enforce_eager": not on_gpu,
+        "disable_log_stats": False,  # the spec-decode counters are stats
+        "speculative_config": {
+            "method": "dflash",
+            "model": str(pair / f"draft-b{block}"),
+            "num_speculative_tokens": block - 1,
+        },
+    }
+    if not on_gpu:
+        env |= {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1"}
+        if backend == "BWX_ATTN":  # the CPU platform ignores attention_backend: opt-in route
+            env |= {"BWX_CPU_BACKENDS": "attn", "TRITON_INTERPRET": "1"}
+    elif backend == "BWX_ATTN":
+        llm_kwargs["attention_backend"] = "BWX_ATTN"
+    env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    job = {
+        "model": str(pair / "target"),
+        "llm_kwargs": llm_kwargs,
+        "runs": [
+            {
+                "name": "dflash",
+                "prompts": prompts,
+                "sampling": {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True},
+                "one_at_a_time": True,  # steps of one request: no batching effects on timing
+            }
+        ],
+    }
+    spec_path, out_path, log_path = tmp / f"b{block}.json", tmp / f"b{block}.out", tmp / "log"
+    spec_path.write_text(json.dumps(job))
+    with open(log_path, "w") as log:
+        proc = subprocess.run(
+            [sys.executable, "-m", "vllm_blackwell_ext.testing.engine_job", spec_path, out_path],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    if proc.returncode:
+        raise RuntimeError(f"engine job for block {block} failed:\n{log_path.read_text()[-4000:]}")
+    out = json.loads(out_path.read_text())
+    sd = out["spec_decode"]
+    return {
+        "tokens": [row["token_ids"] for row in out["runs"]["dflash"]],
+        "drafts": int(sd.get("vllm:spec_decode_num_drafts", 0)),
+        "accepted_total": int(sd.get("vllm:spec_decode_num_accepted_tokens", 0)),
+        "per_pos": list(sd.get("vllm:spec_decode_num_accepted_tokens_per_pos", [])),
+        "generate_s": out["generate_s"],
+    }
+
+
+def oracle_stats(accepted: list[int], n_spec: int) -> tuple[float, list[float]]:
+    """tau and per-position acceptance from each step's accepted-draft count."""
+    steps = max(1, len(accepted))
+    tau = 1.0 + sum(accepted) / steps
+    return tau, [sum(a >= i for a in accepted) / steps for i in range(1, n_spec + 1)]
+
+
+def engine_stats(e: dict) -> tuple[float, list[float]]:
+    drafts = max(1, e["drafts"])
+    return 1.0 + e["accepted_total"] / drafts, [c / drafts for c in e["per_pos"]]
+
+
+def _fmt_pos(p: list[float], shown: int = 8) -> str:
+    head = " ".join(f"{x:.2f}" for x in p[:shown])
+    return head + (" ..." if len(p) > shown else "")
+
+
+def _plot(rows: list[dict], png: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no PNG (pip install -e '.[bench]')")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in rows:
+        x = list(range(1, len(r["oracle_per_pos"]) + 1))
+        ax.plot(x, r["oracle_per_pos"], marker="o", label=f"B={r['block']} oracle")
+        if r.get("engine_per_pos"):
+            ax.plot(x, r["engine_per_pos"], ls="--", marker="x", label=f"B={r['block']} vLLM")
+    ax.set_xlabel("draft position i")
+    ax.set_ylabel("P(first i proposals accepted)")
+    ax.set_title("DFlash acceptance, tiny trained pair")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="vllm-bwx bench dflash", description=__doc__)
+    ap.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="where the pair is trained")
+    ap.add_argument("--blocks", default="4,8,16", help="block sizes (each has its own draft)")
+    ap.add_argument("--prompts", type=int, default=16, help="held-out prompts")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument(
+        "--engine",
+        default="vllm-default",
+        choices=["vllm-default", "BWX_ATTN", "none"],
+        help="attention backend of the vLLM engine run (none: oracle only)",
+    )
+    ap.add_argument("--out-dir", default="benchmarks/results")
+    args = ap.parse_args(argv)
+    blocks = [int(b) for b in args.blocks.split(",")]
+    settings = PairSettings()
+    unknown = sorted(set(blocks) - set(settings.block_sizes))
+    if unknown:
+        ap.error(f"--blocks: drafts are trained for {settings.block_sizes}; got {unknown}")
+
+    started = time.perf_counter()
+    pair = build_pair(args.cache_dir, settings)
+    prompts = held_out_prompts(args.prompts)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bwx-dflash-") as tmp:
+        for b in blocks:
+            oracle = _oracle(pair, b, prompts, args.max_tokens)
+            tau, per_pos = oracle_stats(oracle["accepted"], b - 1)
+            row: dict[str, Any] = {
+                "block": b,
+                "oracle_tau": tau,
+                "oracle_per_pos": per_pos,
+                "oracle_steps": len(oracle["accepted"]),
+            }
+            if args.engine != "none":
+                eng = _engine(pair, b, prompts, args.max_tokens, args.engine, Path(tmp))
+                e_tau, e_pos = engine_stats(eng)
+                row |= {
+                    "engine_tau": e_tau,
+                    "engine_per_pos": e_pos,
+                    "engine_drafts": eng["drafts"],
+                    "tokens_equal_oracle": eng["tokens"] == oracle["tokens"],
+                }
+            rows.append(row)
+
+    engine_col = f"tau vLLM ({args.engine})"
+    lines = [
+        f"| B | tau oracle | {engine_col} | steps (oracle / vLLM) | tokens = oracle "
+        "| per-position acceptance (oracle) | per-position acceptance (vLLM) |",
+        "|---:|---:|---:|---:|:---:|:---|:---|",
+    ]
+    for r in rows:
+        e_tau = f"{r['engine_tau']:.3f}" if "engine_tau" in r else "-"
+        e_steps = r.get("engine_drafts", "-")
+        same = {True: "yes", False: "NO"}.get(r.get("tokens_equal_oracle"), "-")
+        lines.append(
+            f"| {r['block']} | {r['oracle_tau']:.3f} | {e_tau} | {r['oracle_steps']} / "
+            f"{e_steps} | {same} | {_fmt_pos(r['oracle_per_pos'])} | "
+            f"{_fmt_pos(r['engine_per_pos']) if 'engine_per_pos' in r else '-'} |"
+        )
+    table = "\n".join(lines)
+    command = "vllm-bwx bench dflash " + " ".join(argv if argv is not None else sys.argv[1:])
+    notes = [
+        f"{args.prompts} held-out prompts of 16 tokens, {args.max_tokens} new tokens each, "
+        "temperature 0, num_speculative_tokens = B - 1.",
+        f"pair: {pair} (trained with fixed seed {settings.seed}).",
+        "tau = 1 + accepted drafts per verification step; per-position p_i = P(first i "
+        "proposals accepted).",
+    ]
+    print(table)
+    print("\n".join(notes))
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    slug = "cpu" if not torch.cuda.is_available() else "gpu"
+    stem = out / f"{slug}-dflash-acceptance"
+    md = ["# DFlash acceptance, tiny trained pair", "", f"Command: `{command}`", "", table, ""]
+    stem.with_suffix(".md").write_text("\n".join(md + [f"- {n}" for n in notes]) + "\n")
+    stem.with_suffix(".json").write_text(json.dumps({"rows": rows, "command": command}, indent=1))
+    _plot(rows, stem.with_suffix(".png"))
+    print(f"wrote {stem}.{{md,json,png}} in {time.perf_counter() - started:.0f} s")
+    bad = [r["block"] for r in rows if r.get("tokens_equal_oracle") is False]
+    if bad and args.engine == "vllm-default":
+        print(f"vLLM's greedy tokens differ from the fp32 oracle's for B={bad}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
