@@ -97,3 +97,24 @@ def test_held_out_prompts_are_not_training_documents() -> None:
     assert held == dp.held_out_prompts(16)
     random.seed(0)  # the corpus uses its own Random: global state must not matter
     assert held == dp.held_out_prompts(16)
+
+
+@pytest.mark.e2e
+def test_vllm_engine_acceptance_equals_the_oracle(tmp_path) -> None:
+    """The bench's engine path: a real vLLM CPU engine with our draft (fp32, vLLM's CPU
+    attention) commits the same tokens in the same number of steps, with the same per-position
+    acceptance, as the oracle: vLLM's counters and ours describe identical runs."""
+    pytest.importorskip("vllm", reason="the engine half of the bench needs vLLM")
+    from vllm_blackwell_ext.bench.dflash import _engine, _oracle
+
+    # a few hundred steps: the draft proposes some right tokens, so acceptance is not all 0
+    quick = dp.PairSettings(target_steps=150, draft_steps=100, distill_sequences=64,
+                            block_sizes=(4,))  # fmt: skip
+    root = dp.build_pair(tmp_path / "pair", quick, log=lambda _: None)
+    prompts = dp.held_out_prompts(3)
+    oracle = _oracle(root, 4, prompts, 24)
+    engine = _engine(root, 4, prompts, 24, "vllm-default", tmp_path)
+    assert engine["tokens"] == oracle["tokens"]
+    assert engine["drafts"] == len(oracle["accepted"])
+    assert engine["accepted_total"] == sum(oracle["accepted"]) > 0
+    assert engine_stats(engine)[1] == pytest.approx(oracle_stats(oracle["accepted"], 3)[1])

@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     notes = [
         f"{args.prompts} held-out prompts of 16 tokens, {args.max_tokens} new tokens each, "
         "temperature 0, num_speculative_tokens = B - 1.",
-        f"pair: {pair} (trained with fixed seed {settings.seed}).",
+        f"pair: {pair.name} (trained on first use with fixed seed {settings.seed}).",
         "tau = 1 + accepted drafts per verification step; per-position p_i = P(first i "
         "proposals accepted).",
     ]
@@ -244,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     slug = "cpu" if not torch.cuda.is_available() else "gpu"
-    stem = out / f"{slug}-dflash-acceptance"
+    suffix = "" if args.engine == "vllm-default" else f"-{args.engine.lower()}"
+    stem = out / f"{slug}-dflash-acceptance{suffix}"
     md = ["# DFlash acceptance, tiny trained pair", "", f"Command: `{command}`", "", table, ""]
     stem.with_suffix(".md").write_text("\n".join(md + [f"- {n}" for n in notes]) + "\n")
     stem.with_suffix(".json").write_text(json.dumps({"rows": rows, "command": command}, indent=1))
