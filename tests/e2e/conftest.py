@@ -104,14 +104,45 @@ def teacher_forced_deltas(reference, other) -> list[float]:
     ]
 
 
+def vllm_bf16_noise(reference, fp32) -> tuple[float, float]:
+    """Max and mean teacher-forced |log-prob| gap between vLLM's own bf16 run and its fp32 run
+    of the same model: how far bf16 rounding alone moves this tiny model on this machine.
+
+    It depends on the CPU: on an AVX512-BF16 EPYC vLLM's own CPU attention in bf16 sat max 0.15 /
+    mean 0.038 (Qwen3) and max 0.69 / mean 0.11 (sliding window) from its fp32 run, about as far
+    as ours (0.17 / 0.040 and 0.68 / 0.12), while the two bf16 runs were 0.058 / 0.015 apart on
+    the machine the fixed tolerances were first measured on.
+    """
+    deltas = teacher_forced_deltas(fp32, reference)
+    return max(deltas), _mean(deltas)
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
 def assert_same_generation(
-    reference, ours, max_tol: float, mean_tol: float, near_tie: float = NEAR_TIE_NATS
+    reference,
+    ours,
+    max_tol: float,
+    mean_tol: float,
+    near_tie: float = NEAR_TIE_NATS,
+    fp32=None,
 ) -> None:
     """Greedy rows agree: while the tokens are equal their log-probabilities are within
     max_tol; the first differing token is allowed only where the reference's best token led the
     runner-up by at most `near_tie` nats, and the row is compared no further. Teacher-forced
     prompt log-probabilities (run "teacher_forced") are within max_tol / mean_tol nats. Runs
-    named "mixed" and "teacher_forced" are expected in both results."""
+    named "mixed" and "teacher_forced" are expected in both results.
+
+    With `fp32` (the reference engine run in fp32), the bounds grow by the bf16 noise vLLM's own
+    bf16 run shows against it (`vllm_bf16_noise`): teacher-forced, ours must sit within
+    noise + max_tol / mean_tol of fp32; greedy, both bf16 runs may each be off by the noise, so
+    tolerance and near tie grow by twice its max. A one-token mask error moves log-probabilities
+    by 7.5-9.6 nats (max) / 1.2 (mean) on these models, far outside either bound.
+    """
+    noise_max, noise_mean = vllm_bf16_noise(reference, fp32) if fp32 is not None else (0.0, 0.0)
+    step_tol, tie = max_tol + 2 * noise_max, near_tie + 2 * noise_max
     compared, total = 0, 0
     for ref_row, our_row in zip(reference["runs"]["mixed"], ours["runs"]["mixed"], strict=True):
         total += len(ref_row["token_ids"])
@@ -120,16 +151,14 @@ def assert_same_generation(
         ):
             if tok != ref_tok:
                 best, runner_up = ref_row["top_logprobs"][step][:2]
-                assert best - runner_up <= near_tie, (step, ref_row, our_row)
+                assert best - runner_up <= tie, (step, tie, ref_row, our_row)
                 break  # a near tie went the other way: the rows differ from here on
-            assert abs(ref_row["logprobs"][step] - our_row["logprobs"][step]) <= max_tol, (
-                step,
-                ref_row,
-                our_row,
-            )
+            delta = abs(ref_row["logprobs"][step] - our_row["logprobs"][step])
+            assert delta <= step_tol, (step, step_tol, ref_row, our_row)
             compared += 1
     # not vacuous: a quarter of all steps at least were compared
     assert 4 * compared >= total, f"only {compared} of {total} greedy steps were compared"
-    deltas = teacher_forced_deltas(reference, ours)
-    assert max(deltas) <= max_tol, max(deltas)
-    assert sum(deltas) / len(deltas) <= mean_tol, sum(deltas) / len(deltas)
+    anchor = fp32 if fp32 is not None else reference
+    deltas = teacher_forced_deltas(anchor, ours)
+    assert max(deltas) <= noise_max + max_tol, (max(deltas), noise_max)
+    assert _mean(deltas) <= noise_mean + mean_tol, (_mean(deltas), noise_mean)
