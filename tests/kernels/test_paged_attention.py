@@ -402,6 +402,8 @@ def test_plan_splits_long_single_decode_and_not_full_batches():
     assert plan_split_kv(1, 1, 131072, 8, H200) > 16
     assert plan_split_kv(1, 1, 131072, 8, H200) <= MAX_SPLITS
     assert plan_split_kv(16, 16, 131072, 8, H200) > 16  # one verify/draft block of 16
+    # query blocks of 8+ tokens aim at one wave, shorter queries at two
+    assert plan_split_kv(16, 16, 131072, 8, H200) < plan_split_kv(4, 4, 131072, 8, H200)
     assert plan_split_kv(256, 1, 32768, 8, H200) == 1  # 2048 programs fill 132 SMs
     assert plan_split_kv(64, 1, 32768, 8, H200) == 1
     assert plan_split_kv(17, 17, 131072, 8, H200) == 1  # prefill-shaped: never split

@@ -24,6 +24,12 @@ MAX_SPLITS = 64
 # Programs per SM a split launch aims at: two waves of the ~2 decode programs (~200 registers
 # x 128 threads each) that fit on an SM at once; enough bytes in flight to saturate HBM.
 TARGET_PROGRAMS_PER_SM = 4
+# Query blocks of 8+ tokens (spec-verify, DFlash drafts) write and merge 8-16x more partial
+# rows per split, and their 64-row tiles leave one program per SM: one wave is enough. H200,
+# one request, 33 instead of 64 splits: q=16 128k 192 -> 186 us, q=8 128k 200 -> 196 us, a
+# window-2048 draft layer 23.4 -> 20.6 us; q=4 kept 4 (64 splits 54.5 us, 32 splits 64.9 us).
+BLOCK_QUERY_LEN = 8
+TARGET_PROGRAMS_PER_SM_BLOCK = 2
 # Launches with at least this many (request, KV head) programs per SM are not split.
 MIN_PROGRAMS_PER_SM = 2
 
@@ -110,7 +116,8 @@ def plan_split_kv(
     Split only decode-shaped launches (query length <= 16) whose (request, KV head) grid would
     leave SMs idle. The number of requests is at least ceil(tokens / max_seqlen_q), so the grid
     has at least that many programs per KV head; splits bring it to at most
-    TARGET_PROGRAMS_PER_SM per SM (whole waves), never below MIN_KEYS_PER_SPLIT keys per split.
+    TARGET_PROGRAMS_PER_SM per SM (TARGET_PROGRAMS_PER_SM_BLOCK for query blocks of
+    BLOCK_QUERY_LEN or more; whole waves), never below MIN_KEYS_PER_SPLIT keys per split.
     """
     if max_seqlen_q < 1 or max_seqlen_q > SPLIT_KV_MAX_QUERY_LEN or num_query_tokens < 1:
         return 1
@@ -120,7 +127,10 @@ def plan_split_kv(
         return 1  # enough programs already: a split only adds the merge (H200: B=64 lost 10%)
     # Round DOWN to whole waves: with ~2 programs resident per SM, 9 splits x 64 programs
     # (2.2 waves) ran at 2441 GB/s on the H200 where 4 (1 wave) ran at 3029 and 18 at 2981.
-    target = device_info.num_sms * TARGET_PROGRAMS_PER_SM
+    per_sm = (
+        TARGET_PROGRAMS_PER_SM_BLOCK if max_seqlen_q >= BLOCK_QUERY_LEN else TARGET_PROGRAMS_PER_SM
+    )
+    target = device_info.num_sms * per_sm
     splits = target // base_programs
     splits = min(splits, max_seqlen_k // MIN_KEYS_PER_SPLIT, max_splits)
     return max(1, splits)
@@ -143,7 +153,7 @@ def split_kv_max_rows(num_kv_heads: int, device_info: DeviceInfo) -> int:
     """
     best = 0
     for tokens in range(1, split_kv_max_tokens(num_kv_heads, device_info) + 1):
-        for q_len in (1, SPLIT_KV_MAX_QUERY_LEN):
+        for q_len in range(1, SPLIT_KV_MAX_QUERY_LEN + 1):
             splits = plan_split_kv(tokens, q_len, 1 << 30, num_kv_heads, device_info)
             if splits > 1:
                 best = max(best, tokens * splits)
