@@ -14,9 +14,6 @@ connectors, offloading, the DFlash context-KV writer) sees a difference:
 * fp8 caches are stored as ``uint8`` by vLLM and read through a float8 view: ``fp8`` and
   ``fp8_e4m3`` as ``float8_e4m3fn``, ``fp8_e5m2`` as ``float8_e5m2``, values divided by the
   layer's per-tensor ``_k_scale`` / ``_v_scale`` when written, multiplied when read.
-
-Every vLLM import of the package lives in this module (and in `register()`): supporting the
-next vLLM release is this file's work.
 """
 
 from __future__ import annotations
@@ -334,6 +331,9 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
         # The kernel takes fp32 sink logits; models load them in their own dtype after this
         # constructor runs, so the fp32 copy is made in process_weights_after_loading.
         self._sinks_f32 = sinks if sinks is not None and sinks.dtype == torch.float32 else None
+        # The cache layout, dtypes and head sizes of a layer never change: the kernel's input
+        # checks run on the first forward only, later launches skip that host work.
+        self._inputs_checked = False
 
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
         if self.sinks is not None and self.sinks.dtype != torch.float32:
@@ -462,5 +462,7 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
             v_scale=layer._v_scale if quantized else None,
             workspace=attn_metadata.workspace,
             num_splits=attn_metadata.num_splits,
+            check_inputs=not self._inputs_checked,
         )
+        self._inputs_checked = True
         return output

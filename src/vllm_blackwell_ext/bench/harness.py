@@ -6,10 +6,11 @@ case and hands the rows to `report`, which prints the table with the ratios and 
 ``<out_dir>/<gpu>-<op>.{md,json,png}``. The JSON is the machine-checkable record::
 
     {"gpu": ..., "op": ..., "command": ..., "rows": [
-        {"case": ..., "metric": "GB/s" | "TFLOP/s" | "us", "ours": x,
+        {"case": ..., "metric": "GB/s" | "TFLOP/s" | "us" | "tok/s" | "ms", "ours": x,
          "peers": {"<peer>": x, ...}, "roofline": x | null}]}
 
-Higher is better for GB/s and TFLOP/s, lower for us. tqdm and matplotlib are optional: without
+Higher is better for GB/s, TFLOP/s and tok/s (serving throughput), lower for us and ms
+(serving latencies). tqdm and matplotlib are optional: without
 them there is no progress bar and no PNG (`plot_json` draws it later from the JSON).
 """
 
@@ -26,8 +27,8 @@ from typing import Any, TypeVar
 
 import torch
 
-METRICS = ("GB/s", "TFLOP/s", "us")
-HIGHER_IS_BETTER = {"GB/s": True, "TFLOP/s": True, "us": False}
+METRICS = ("GB/s", "TFLOP/s", "us", "tok/s", "ms")
+HIGHER_IS_BETTER = {"GB/s": True, "TFLOP/s": True, "us": False, "tok/s": True, "ms": False}
 T = TypeVar("T")
 
 

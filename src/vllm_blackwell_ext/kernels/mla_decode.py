@@ -50,7 +50,8 @@ def _store_rows(PTR, row_off, offs_c, vals, row_ok):
     )
 
 
-@triton.jit
+# Per-batch ints are not specialised on: a new batch shape never recompiles.
+@triton.jit(do_not_specialize=["query_len", "num_splits", "num_row_groups"])
 def _mla_decode_split_kernel(
     Q,  # [T, H, R + P]
     KV,  # paged cache, element (page, slot, d) at page*stride_kv_page + slot*stride_kv_tok + d
@@ -232,7 +233,7 @@ def _mla_decode_split_kernel(
     _store_rows(dst, row_off + 3 * DC, offs_c, acc3 * inv_l[:, None], row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _mla_decode_merge_kernel(
     O_PART,  # fp32 [T, H, S, R]
     L_PART,  # fp32 [T, H, S]

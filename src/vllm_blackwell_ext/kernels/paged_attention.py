@@ -88,7 +88,9 @@ def _find_request(cu_q_ptr, q_block_idx, batch, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
-@triton.jit
+# The request count changes from batch to batch: not specialised on, so a new batch size never
+# recompiles (Triton would otherwise key a compile on batch == 1 and batch % 16 == 0).
+@triton.jit(do_not_specialize=["batch"])
 def _paged_attn_kernel(
     q_ptr,
     k_ptr,
@@ -301,7 +303,7 @@ def _paged_attn_kernel(
         tl.store(part_lse_ptr + tok * stride_plt + head * stride_plh + split, part_lse, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["batch"])
 def _split_kv_merge_kernel(
     part_o_ptr,
     part_lse_ptr,

@@ -1,0 +1,343 @@
+"""Serving benchmark: a real vLLM 0.32 engine per attention backend, same model, same prompts.
+
+Each engine runs in its own process with vLLM's defaults (torch.compile, CUDA graphs), on a
+model of a real architecture with dummy weights (`load_format="dummy"`: nothing downloaded),
+and is driven offline as `vllm bench throughput` does: a batch of B prompts of P random tokens
+generating N tokens each, ignoring EOS. Each case runs twice on different prompts (no prefix
+cache hits); the second run is timed, so compilation at first use stays out of the figures,
+and Triton compilations during the timed run are counted (a new batch shape must never
+compile mid-serving). Reported per case: output tokens/s (higher is better), median time to
+first token and median inter-token latency (lower is better), ours against each peer.
+
+    python benchmarks/bench_engine.py                       # attention: BWX_ATTN vs vLLM's
+    python benchmarks/bench_engine.py --family mla          # BWX_MLA vs vLLM's MLA backends
+    python benchmarks/bench_engine.py --quick               # three small cases, for a smoke run
+
+On a GPU machine without a registry: `scripts/gpu_kit.sh run python benchmarks/bench_engine.py`.
+Writes benchmarks/results/<gpu>-engine[-mla].{md,json,png} (harness schema; the JSON also
+keeps every engine's raw figures under "engines").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from vllm_blackwell_ext.bench.harness import Row, gpu_slug, progress, report  # noqa: E402
+
+# (batch, prompt tokens, output tokens)
+CASES: list[tuple[int, int, int]] = [
+    (1, 512, 256),
+    (8, 512, 256),
+    (64, 512, 256),
+    (256, 512, 128),
+    (1, 32000, 256),
+    (8, 32000, 128),
+]
+QUICK_CASES: list[tuple[int, int, int]] = [(1, 512, 64), (64, 512, 64), (1, 8000, 64)]
+MAX_MODEL_LEN = 33000
+CAPTURE_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+
+# Qwen3-8B attention and MLP shapes (4 layers); DeepSeek-V2-Lite MLA shapes (dense MLPs).
+QWEN3_8B_SHAPED = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "attention_bias": False,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+DEEPSEEK_V2_LITE_SHAPED = {
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "model_type": "deepseek_v2",
+    "hidden_size": 2048,
+    "intermediate_size": 10944,
+    "moe_intermediate_size": 1408,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "q_lora_rank": None,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "n_routed_experts": 64,
+    "n_shared_experts": 2,
+    "num_experts_per_tok": 6,
+    "moe_layer_freq": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "topk_method": "greedy",
+    "norm_topk_prob": False,
+    "scoring_func": "softmax",
+    "routed_scaling_factor": 1.0,
+    "vocab_size": 102400,
+    "max_position_embeddings": 163840,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "attention_bias": False,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+# Engines per family: (label, attention_backend, kv_cache_dtype). The first is ours.
+FAMILIES: dict[str, dict[str, Any]] = {
+    "attention": {
+        "config": QWEN3_8B_SHAPED,
+        "engines": [
+            ("BWX_ATTN", "BWX_ATTN", "auto"),
+            ("FLASH_ATTN", "FLASH_ATTN", "auto"),
+            ("TRITON_ATTN", "TRITON_ATTN", "auto"),
+            ("BWX_ATTN fp8", "BWX_ATTN", "fp8"),
+            ("FLASH_ATTN fp8", "FLASH_ATTN", "fp8"),
+        ],
+        # FlashInfer is not in the kit (it JIT-compiles with nvcc at first use): not run.
+        "not_run": {"FLASHINFER": "flashinfer-python is not part of the GPU kit"},
+    },
+    "mla": {
+        "config": DEEPSEEK_V2_LITE_SHAPED,
+        "engines": [
+            ("BWX_MLA", "BWX_MLA", "auto"),
+            ("FLASH_ATTN_MLA", "FLASH_ATTN_MLA", "auto"),
+            ("FLASHMLA", "FLASHMLA", "auto"),
+            ("TRITON_MLA", "TRITON_MLA", "auto"),
+            ("BWX_MLA fp8", "BWX_MLA", "fp8"),
+        ],
+        "not_run": {"FLASHINFER_MLA": "flashinfer-python is not part of the GPU kit"},
+    },
+}
+
+
+def _prompts(seed: int, batch: int, length: int, vocab: int) -> list[dict[str, list[int]]]:
+    rng = random.Random(seed)
+    return [
+        {"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(length)]} for _ in range(batch)
+    ]
+
+
+def _triton_cache_entries() -> set[str]:
+    cache = Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
+    return {p.name for p in cache.iterdir()} if cache.exists() else set()
+
+
+def _timed_case(llm, sampling_cls, batch: int, prompt_len: int, out_len: int, vocab: int) -> dict:
+    sampling = sampling_cls(max_tokens=out_len, temperature=0.0, ignore_eos=True)
+    started = time.perf_counter()
+    llm.generate(_prompts(1, batch, prompt_len, vocab), sampling, use_tqdm=False)
+    warm_s = time.perf_counter() - started
+    before = _triton_cache_entries()
+    started = time.perf_counter()
+    outputs = llm.generate(_prompts(2, batch, prompt_len, vocab), sampling, use_tqdm=False)
+    wall = time.perf_counter() - started
+    ttft, itl = [], []
+    for out in outputs:
+        m = out.metrics
+        n = len(out.outputs[0].token_ids)
+        if m is not None:
+            ttft.append(m.first_token_latency * 1e3)
+            if n > 1:
+                itl.append((m.last_token_ts - m.first_token_ts) / (n - 1) * 1e3)
+    return {
+        "batch": batch,
+        "prompt_len": prompt_len,
+        "out_len": out_len,
+        "tokens_per_s": batch * out_len / wall,
+        "wall_s": wall,
+        "first_run_s": warm_s,
+        "ttft_ms": statistics.median(ttft) if ttft else None,
+        "itl_ms": statistics.median(itl) if itl else None,
+        "triton_compiles_in_timed_run": len(_triton_cache_entries() - before),
+    }
+
+
+def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
+    """One engine (in this process): every case, timed as `_timed_case` says."""
+    from vllm import LLM, SamplingParams
+
+    started = time.perf_counter()
+    kwargs = {"kv_cache_dtype": spec["kv_cache_dtype"]}
+    if spec["backend"]:
+        kwargs["attention_backend"] = spec["backend"]
+    llm = LLM(
+        model=spec["model"],
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        max_model_len=MAX_MODEL_LEN,
+        gpu_memory_utilization=0.85,
+        disable_log_stats=False,
+        seed=0,
+        # Graphs for exactly the batch sizes the cases decode (vLLM's default list has ~50
+        # sizes; capturing them all costs start-up time and changes no figure here).
+        compilation_config={"cudagraph_capture_sizes": CAPTURE_SIZES},
+        **kwargs,
+    )
+    load_s = time.perf_counter() - started
+    vocab = spec["vocab"]
+    cases = [_timed_case(llm, SamplingParams, *case, vocab) for case in spec["cases"]]
+    llm.llm_engine.engine_core.shutdown()
+    return {"label": spec["label"], "load_s": load_s, "cases": cases}
+
+
+def _run_engine_process(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    spec_path, out_path = workdir / f"{spec['slug']}.json", workdir / f"{spec['slug']}.out.json"
+    log_path = workdir / f"{spec['slug']}.log"
+    spec_path.write_text(json.dumps(spec))
+    with open(log_path, "w") as log:
+        proc = subprocess.run(
+            [sys.executable, __file__, "--engine", str(spec_path), str(out_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=1800,
+        )
+    if proc.returncode != 0 or not out_path.exists():
+        tail = log_path.read_text()[-3000:]
+        print(f"[bench_engine] {spec['label']} failed (exit {proc.returncode}):\n{tail}")
+        return {"label": spec["label"], "error": tail}
+    return json.loads(out_path.read_text())
+
+
+def _case_name(case: dict[str, Any]) -> str:
+    ctx = f"{case['prompt_len'] // 1000}k" if case["prompt_len"] >= 1000 else case["prompt_len"]
+    return f"B={case['batch']} ctx {ctx}"
+
+
+def build_rows(results: list[dict[str, Any]], ours_bf16: str) -> list[Row]:
+    """Rows of the harness table: ours (bf16, and fp8 against fp8 peers) against the rest."""
+    by_label = {r["label"]: r for r in results if "error" not in r}
+    if ours_bf16 not in by_label:
+        return []
+    ours_fp8 = f"{ours_bf16} fp8" if f"{ours_bf16} fp8" in by_label else None
+    rows: list[Row] = []
+    for i in range(len(by_label[ours_bf16]["cases"])):
+        for mine in (ours_bf16, ours_fp8):
+            if mine is None:
+                continue
+            fp8 = mine.endswith("fp8")
+            peers = [label for label in by_label if label != mine and label.endswith("fp8") == fp8]
+            if fp8:
+                peers.append(ours_bf16)  # is fp8 faster than our own bf16?
+            ours_case = by_label[mine]["cases"][i]
+            suffix = " fp8" if fp8 else ""
+            for key, metric, label in (
+                ("tokens_per_s", "tok/s", "output"),
+                ("ttft_ms", "ms", "TTFT"),
+                ("itl_ms", "ms", "ITL"),
+            ):
+                if ours_case[key] is None:
+                    continue
+                rows.append(
+                    Row(
+                        case=f"{_case_name(ours_case)} {label}{suffix}",
+                        metric=metric,
+                        ours=ours_case[key],
+                        peers={
+                            p: by_label[p]["cases"][i][key]
+                            for p in peers
+                            if by_label[p]["cases"][i][key] is not None
+                        },
+                    )
+                )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="attention")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--quick", action="store_true", help="three small cases")
+    parser.add_argument("--only", default="", help="comma-separated engine labels to run")
+    parser.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--engine", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.engine:
+        spec = json.loads(Path(args.engine[0]).read_text())
+        result = run_engine(spec)
+        Path(args.engine[1]).write_text(json.dumps(result))
+        sys.stdout.flush()
+        os._exit(0)  # leave without finalising vLLM's threads (see testing.engine_job)
+
+    family = FAMILIES[args.family]
+    cases = QUICK_CASES if args.quick else CASES
+    engines = family["engines"]
+    if args.only:
+        wanted = {s.strip() for s in args.only.split(",")}
+        engines = [e for e in engines if e[0] in wanted]
+    workdir = Path(tempfile.mkdtemp(prefix="bwx-bench-engine-"))
+    model = workdir / "model"
+    model.mkdir()
+    config = {**family["config"], "num_hidden_layers": args.layers}
+    if args.family == "mla":
+        config["first_k_dense_replace"] = args.layers  # dense MLPs: attention is what varies
+    (model / "config.json").write_text(json.dumps(config, indent=1))
+    op = "engine" if args.family == "attention" else "engine-mla"
+    results = []
+    for label, backend, kv_dtype in progress(engines, desc="engines"):
+        slug = label.lower().replace(" ", "-")
+        spec = {
+            "label": label,
+            "slug": slug,
+            "backend": backend,
+            "kv_cache_dtype": kv_dtype,
+            "model": str(model),
+            "vocab": config["vocab_size"],
+            "cases": cases,
+        }
+        started = time.perf_counter()
+        result = _run_engine_process(spec, workdir)
+        print(f"[bench_engine] {label}: {time.perf_counter() - started:.0f} s", flush=True)
+        results.append(result)
+    json_path = Path(args.out_dir) / f"{gpu_slug()}-{op}.json"
+    if args.only and json_path.exists():
+        # A partial re-run keeps the other engines' figures from the last full run.
+        kept = json.loads(json_path.read_text()).get("engines", [])
+        ran = {r["label"] for r in results}
+        results = [r for r in kept if r["label"] not in ran] + results
+    rows = build_rows(results, family["engines"][0][0])
+    arch = config["architectures"][0]
+    notes = [
+        f"Model: {arch} shapes, {args.layers} layers, dummy weights, bf16; vLLM defaults "
+        f"(torch.compile, CUDA graphs; capture sizes {CAPTURE_SIZES}); each case timed on its "
+        "second run (new prompts).",
+        *(f"{name} not run: {why}" for name, why in family["not_run"].items()),
+        *(f"{r['label']} failed: {r['error'][-300:]}" for r in results if "error" in r),
+        *(
+            f"{r['label']}: engine start {r['load_s']:.0f} s; Triton compiles during timed runs: "
+            f"{sum(c['triton_compiles_in_timed_run'] for c in r['cases'])}"
+            for r in results
+            if "error" not in r
+        ),
+    ]
+    command = "python benchmarks/bench_engine.py " + " ".join(argv or sys.argv[1:])
+    report(rows, gpu_slug(), op, command.strip(), args.out_dir, notes=notes)
+    payload = json.loads(json_path.read_text())
+    payload["engines"] = results
+    json_path.write_text(json.dumps(payload, indent=1) + "\n")
+    return 0 if not any("error" in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Carries vLLM 0.32 (CUDA) and the torch 2.13 it is built for to a GPU machine that cannot reach
+# a package registry and takes at most ~64 MiB of files per command, then runs commands there
+# with the plugin installed on top.
+#
+#   scripts/gpu_kit.sh prepare     (here, with registry access) download the wheels, pack them
+#                                  into one tar cut into .gpu_kit/part-NN pieces + MANIFEST
+#   scripts/gpu_kit.sh receive     (there, once per piece) move the pieces that came along into
+#                                  the stash; prints what is held and the piece to bring next
+#   scripts/gpu_kit.sh install     (there) join the pieces, check them, install the wheels
+#   scripts/gpu_kit.sh run CMD...  (there) install the plugin from this checkout and run CMD
+#                                  with the kit's torch, vLLM and the plugin on PYTHONPATH
+#
+# The stash lives outside the checkout ($BWX_KIT_DIR, default /tmp/bwx-kit), so pieces survive
+# between commands for as long as the machine is held; `receive` resumes from what is there.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+kit_src="$root/.gpu_kit"
+kit_dir=${BWX_KIT_DIR:-/tmp/bwx-kit}
+piece_mib=${BWX_KIT_PIECE_MIB:-60}
+# The wheels a CUDA vLLM 0.32 engine needs on top of an image with torch 2.11 (facts behind
+# each: README "A vLLM engine on a GPU machine without a registry").
+big_wheels=(torch==2.13.0 triton==3.7.1 nvidia-nccl-cu13==2.29.7 vllm==0.32.0)
+
+die() { echo "[gpu_kit] $*" >&2; exit 1; }
+
+prepare() {
+  local wheels="$kit_src/wheels" plat=()
+  for n in 5 17 18 24 26 27 28 31 34 35; do plat+=(--platform "manylinux_2_${n}_x86_64"); done
+  plat+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any)
+  mkdir -p "$wheels"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp "${plat[@]}" -d "$wheels" "${big_wheels[@]}" \
+    -r "$root/scripts/gpu_kit_requirements.txt"
+  rm -f "$kit_src"/part-* "$kit_src/MANIFEST"
+  (cd "$wheels" && tar -cf - ./*.whl) | split -b "${piece_mib}M" -d -a 2 - "$kit_src/part-"
+  (cd "$kit_src" && sha256sum part-* > MANIFEST)
+  local n
+  n=$(wc -l < "$kit_src/MANIFEST")
+  echo "[gpu_kit] $(du -sh "$wheels" | cut -f1) of wheels in $n pieces of ${piece_mib} MiB under .gpu_kit/"
+  echo "[gpu_kit] next: one command per piece on the GPU machine, carrying .gpu_kit/MANIFEST"
+  echo "          and .gpu_kit/part-NN, running: scripts/gpu_kit.sh receive"
+}
+
+receive() {
+  [[ -f "$kit_src/MANIFEST" ]] || die "no .gpu_kit/MANIFEST in this checkout: carry it along"
+  mkdir -p "$kit_dir/stash"
+  cp -f "$kit_src/MANIFEST" "$kit_dir/stash/MANIFEST"
+  # Pieces that came along this time are checked on arrival; held ones were checked then.
+  local piece
+  for piece in "$kit_src"/part-*; do
+    [[ -f "$piece" ]] || continue
+    if grep -q "^$(sha256sum < "$piece" | cut -d' ' -f1)  $(basename "$piece")\$" "$kit_src/MANIFEST"; then
+      cp -f "$piece" "$kit_dir/stash/"
+    else
+      echo "[gpu_kit] $(basename "$piece") does not match MANIFEST: not kept" >&2
+    fi
+  done
+  local held=0 missing=()
+  while read -r _sum name; do
+    if [[ -f "$kit_dir/stash/$name" ]]; then held=$((held + 1)); else missing+=("$name"); fi
+  done < "$kit_dir/stash/MANIFEST"
+  echo "[gpu_kit] holding $held of $(wc -l < "$kit_dir/stash/MANIFEST") pieces in $kit_dir/stash"
+  if ((${#missing[@]})); then
+    echo "[gpu_kit] next: carry .gpu_kit/${missing[0]} (missing: ${missing[*]})"
+  else
+    echo "[gpu_kit] next: scripts/gpu_kit.sh install"
+  fi
+}
+
+install() {
+  [[ -f "$kit_dir/site/.bwx-kit-complete" ]] && { echo "[gpu_kit] already installed in $kit_dir/site"; return; }
+  (cd "$kit_dir/stash" && sha256sum --quiet -c MANIFEST) || die "pieces missing or damaged: run receive"
+  rm -rf "$kit_dir/wheels" "$kit_dir/site"
+  mkdir -p "$kit_dir/wheels" "$kit_dir/site"
+  cat "$kit_dir/stash"/part-* | tar -xf - -C "$kit_dir/wheels"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --target "$kit_dir/site" "$kit_dir/wheels"/*.whl
+  rm -rf "$kit_dir/wheels"
+  touch "$kit_dir/site/.bwx-kit-complete"
+  echo "[gpu_kit] installed into $kit_dir/site; next: scripts/gpu_kit.sh run CMD..."
+}
+
+run() {
+  [[ -f "$kit_dir/site/.bwx-kit-complete" ]] || die "the kit is not installed: run install"
+  rm -rf "$kit_dir/plugin"
+  python3 -m pip install -q --no-deps --no-build-isolation --no-compile --no-cache-dir \
+    --target "$kit_dir/plugin" "$root" >/dev/null
+  export PYTHONPATH="$kit_dir/plugin:$kit_dir/site:$root${PYTHONPATH:+:$PYTHONPATH}"
+  export PATH="$kit_dir/site/bin:$PATH"
+  # vLLM's default sampler path imports FlashInfer, which the kit does not carry.
+  export VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0}
+  export PYTHONUNBUFFERED=1
+  "$@"
+}
+
+case "${1:-}" in
+  prepare) prepare ;;
+  receive) receive ;;
+  install) install ;;
+  run) shift; [[ $# -gt 0 ]] || die "run: give a command"; run "$@" ;;
+  *) sed -n '2,16p' "${BASH_SOURCE[0]}"; exit 2 ;;
+esac
