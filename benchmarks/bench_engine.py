@@ -46,6 +46,13 @@ CASES: list[tuple[int, int, int]] = [
     (1, 32000, 256),
     (8, 32000, 128),
 ]
+# Decode-heavy cases for MLA (its prefill is vLLM's own path whichever backend decodes).
+MLA_CASES: list[tuple[int, int, int]] = [
+    (1, 512, 256),
+    (64, 512, 256),
+    (1, 32000, 256),
+    (8, 32000, 128),
+]
 QUICK_CASES: list[tuple[int, int, int]] = [(1, 512, 64), (64, 512, 64), (1, 8000, 64)]
 MAX_MODEL_LEN = 33000
 CAPTURE_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
@@ -281,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(0)  # leave without finalising vLLM's threads (see testing.engine_job)
 
     family = FAMILIES[args.family]
-    cases = QUICK_CASES if args.quick else CASES
+    cases = QUICK_CASES if args.quick else (MLA_CASES if args.family == "mla" else CASES)
     engines = family["engines"]
     if args.only:
         wanted = {s.strip() for s in args.only.split(",")}
