@@ -10,6 +10,9 @@
 #   scripts/gpu_kit.sh install     (there) join the pieces, check them, install the wheels
 #   scripts/gpu_kit.sh run CMD...  (there) install the plugin from this checkout and run CMD
 #                                  with the kit's torch, vLLM and the plugin on PYTHONPATH
+#   scripts/gpu_kit.sh bg NAME CMD...   (there) `run` CMD in its own session, so it outlives
+#                                  the command that started it (a run longer than one call)
+#   scripts/gpu_kit.sh wait NAME SECS   (there) wait up to SECS for it; print its log's tail
 #
 # The stash lives outside the checkout ($BWX_KIT_DIR, default /tmp/bwx-kit), so pieces survive
 # between commands for as long as the machine is held; `receive` resumes from what is there.
@@ -81,11 +84,33 @@ install() {
   echo "[gpu_kit] installed into $kit_dir/site; next: scripts/gpu_kit.sh run CMD..."
 }
 
+install_plugin() {
+  # The package and a dist-info holding pyproject's entry points (vLLM finds the plugin
+  # through them); no build backend needed, so it works on any image with Python 3.11+.
+  rm -rf "$kit_dir/plugin"
+  mkdir -p "$kit_dir/plugin"
+  cp -r "$root/src/vllm_blackwell_ext" "$kit_dir/plugin/"
+  python3 - "$root/pyproject.toml" "$kit_dir/plugin" <<'PY'
+import sys, tomllib
+from pathlib import Path
+
+project = tomllib.loads(Path(sys.argv[1]).read_text())["project"]
+info = Path(sys.argv[2]) / f"vllm_blackwell_ext-{project['version']}.dist-info"
+info.mkdir()
+(info / "METADATA").write_text(
+    f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n"
+)
+groups = {"console_scripts": project.get("scripts", {}), **project.get("entry-points", {})}
+(info / "entry_points.txt").write_text(
+    "".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n"
+            for g, eps in groups.items())
+)
+PY
+}
+
 run() {
   [[ -f "$kit_dir/site/.bwx-kit-complete" ]] || die "the kit is not installed: run install"
-  rm -rf "$kit_dir/plugin"
-  python3 -m pip install -q --no-deps --no-build-isolation --no-compile --no-cache-dir \
-    --target "$kit_dir/plugin" "$root" >/dev/null
+  install_plugin
   export PYTHONPATH="$kit_dir/plugin:$kit_dir/site:$root${PYTHONPATH:+:$PYTHONPATH}"
   export PATH="$kit_dir/site/bin:$PATH"
   # vLLM's default sampler path imports FlashInfer, which the kit does not carry.
@@ -94,10 +119,33 @@ run() {
   "$@"
 }
 
+bg() {
+  local name=$1
+  shift
+  mkdir -p "$kit_dir/jobs"
+  rm -f "$kit_dir/jobs/$name.rc"
+  setsid nohup bash -c '"$0" run "${@:2}"; echo $? > "$1"' "${BASH_SOURCE[0]}" \
+    "$kit_dir/jobs/$name.rc" "$@" > "$kit_dir/jobs/$name.log" 2>&1 < /dev/null &
+  echo "[gpu_kit] $name started; log $kit_dir/jobs/$name.log"
+}
+
+wait_job() {
+  local name=$1 deadline=$((SECONDS + $2))
+  while [[ ! -f "$kit_dir/jobs/$name.rc" ]] && ((SECONDS < deadline)); do sleep 5; done
+  tail -c 6000 "$kit_dir/jobs/$name.log" | tr '\r' '\n' | grep -v '^\s*$' | tail -60
+  if [[ -f "$kit_dir/jobs/$name.rc" ]]; then
+    echo "[gpu_kit] $name finished with exit status $(cat "$kit_dir/jobs/$name.rc")"
+  else
+    echo "[gpu_kit] $name still running"
+  fi
+}
+
 case "${1:-}" in
   prepare) prepare ;;
   receive) receive ;;
   install) install ;;
   run) shift; [[ $# -gt 0 ]] || die "run: give a command"; run "$@" ;;
-  *) sed -n '2,16p' "${BASH_SOURCE[0]}"; exit 2 ;;
+  bg) shift; [[ $# -gt 1 ]] || die "bg: give a name and a command"; bg "$@" ;;
+  wait) [[ $# -eq 3 ]] || die "wait: give a name and seconds"; wait_job "$2" "$3" ;;
+  *) sed -n '2,19p' "${BASH_SOURCE[0]}"; exit 2 ;;
 esac
