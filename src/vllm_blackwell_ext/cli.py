@@ -18,6 +18,7 @@ from vllm_blackwell_ext._registration import (
     installed_vllm_version,
     is_supported_vllm,
 )
+from vllm_blackwell_ext.host_cpu import cpu_summary, cpu_summary_line
 
 BENCHES = {
     "kv-gather": "vllm_blackwell_ext.bench.kv_gather",
@@ -108,6 +109,7 @@ def doctor_report() -> tuple[dict[str, Any], bool]:
         "torch": _module_version("torch") or "not installed",
         "triton": _module_version("triton") or "not installed",
         "entry_point_found": _entry_point_found(),
+        "host_cpu": cpu_summary(),
     }
     registered: dict[str, Any] = {}
     register_error = None
@@ -144,6 +146,7 @@ def _print_doctor(report: dict[str, Any], ok: bool) -> None:
         ("torch", report["torch"]),
         ("Triton", report["triton"]),
         ("entry point", "found" if report["entry_point_found"] else "NOT FOUND (reinstall)"),
+        ("host CPU", cpu_summary_line()),
     ]
     dev = report["device"]
     if dev.get("available"):

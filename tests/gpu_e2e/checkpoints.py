@@ -4,8 +4,9 @@ vLLM's `--load-format dummy` fills every weight, norms included, from U(-1e-3, 1
 logits of such a model are all but equal, so greedy tokens are decided by rounding noise and
 say nothing about attention. These writers draw weights at scales that keep activations O(1)
 and make attention peaked (query/key norms or projections scaled so that raw scores have a
-standard deviation of about 4) and logits spread (standard deviation about 3), so a wrong mask,
-page or scale moves the tokens and log-probabilities far more than bf16 rounding does.
+standard deviation of about 4) and logits spread (standard deviation about 6, so the best two
+tokens rarely tie), so a wrong mask, page or scale moves the tokens and log-probabilities far
+more than bf16 rounding does.
 
 Shapes: Qwen3-8B attention (32 query / 8 KV heads, head 128, hidden 4096), a Llama of the same
 attention shape whose layers alternate sliding-window and full attention, DeepSeek-V2-Lite MLA
@@ -72,7 +73,7 @@ def _common(hidden: int, layers: int, max_positions: int) -> dict:
 def _embeddings_and_head(w: _Weights, hidden: int) -> None:
     w.normal("model.embed_tokens.weight", VOCAB, hidden, std=1.0)
     w.constant("model.norm.weight", hidden)
-    w.linear("lm_head.weight", VOCAB, hidden, gain=3.0)
+    w.linear("lm_head.weight", VOCAB, hidden, gain=6.0)
 
 
 def _mlp_and_norms(w: _Weights, p: str, hidden: int, inter: int) -> None:

@@ -243,4 +243,4 @@ def assert_matches_within_noise(
             delta = abs(ref_row["logprobs"][step] - row["logprobs"][step])
             assert delta <= bound_max, (step, delta, bound_max)
             compared += 1
-    assert 2 * compared >= total, f"only {compared} of {total} greedy steps were compared"
+    assert 4 * compared >= total, f"only {compared} of {total} greedy steps were compared"
