@@ -88,9 +88,10 @@ def _find_request(cu_q_ptr, q_block_idx, batch, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
-# The request count changes from batch to batch: not specialised on, so a new batch size never
-# recompiles (Triton would otherwise key a compile on batch == 1 and batch % 16 == 0).
-@triton.jit(do_not_specialize=["batch"])
+# Ints that change from batch to batch (request count, split count and the partial-LSE strides
+# that follow it) are runtime values, not specialised on: eager mixed batches in vLLM bring any
+# of them at any time, and each new specialisation was a ~1 s compile in the middle of serving.
+@triton.jit(do_not_specialize=["batch", "num_splits", "stride_plt", "stride_plh"])
 def _paged_attn_kernel(
     q_ptr,
     k_ptr,
@@ -127,6 +128,7 @@ def _paged_attn_kernel(
     stride_plt,
     stride_plh,
     stride_bt,
+    num_splits,
     GQA: tl.constexpr,
     HEAD_K: tl.constexpr,
     HEAD_V: tl.constexpr,
@@ -136,7 +138,7 @@ def _paged_attn_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     TILE_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    SPLIT_KV: tl.constexpr,  # num_splits > 1: partials to scratch, merged by the next kernel
     CAUSAL: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     USE_SINKS: tl.constexpr,
@@ -190,8 +192,8 @@ def _paged_attn_kernel(
         k_lo = 0
     tile_lo = k_lo // TILE_N
     tile_hi = (k_hi + TILE_N - 1) // TILE_N
-    if NUM_SPLITS > 1:
-        per_split = (tile_hi - tile_lo + NUM_SPLITS - 1) // NUM_SPLITS
+    if SPLIT_KV:
+        per_split = (tile_hi - tile_lo + num_splits - 1) // num_splits
         tile_lo = tile_lo + split * per_split
         tile_hi = tl.minimum(tile_lo + per_split, tile_hi)
 
@@ -269,7 +271,7 @@ def _paged_attn_kernel(
     if USE_KV_SCALE:
         acc = acc * tl.load(v_scale_ptr)
 
-    if NUM_SPLITS == 1:
+    if not SPLIT_KV:
         if USE_SINKS:
             # The sink is one more logit in the denominator with a zero value vector.
             sink = tl.load(sink_ptr + head, mask=row_ok, other=float("-inf")) * 1.4426950408889634
@@ -303,7 +305,7 @@ def _paged_attn_kernel(
         tl.store(part_lse_ptr + tok * stride_plt + head * stride_plh + split, part_lse, mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["batch"])
+@triton.jit(do_not_specialize=["batch", "num_splits", "stride_plt", "stride_plh"])
 def _split_kv_merge_kernel(
     part_o_ptr,
     part_lse_ptr,
@@ -321,10 +323,10 @@ def _split_kv_merge_kernel(
     stride_oh,
     stride_lt,
     stride_lh,
+    num_splits,
     HEAD_V: tl.constexpr,
     HEAD_V_PAD: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,  # MAX_SPLITS rounded up: one specialisation for every split count
     USE_SINKS: tl.constexpr,
     WRITE_LSE: tl.constexpr,
 ):
@@ -334,7 +336,7 @@ def _split_kv_merge_kernel(
         return  # padding rows of the token axis: never written
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_V_PAD)
-    s_ok = offs_s < NUM_SPLITS
+    s_ok = offs_s < num_splits
     d_ok = offs_d < HEAD_V
     lse_s = tl.load(
         part_lse_ptr + tok * stride_plt + head * stride_plh + offs_s,
@@ -827,7 +829,7 @@ def paged_attention(
             part_lse = workspace.partial_lse.view(-1)[:n_l].view(num_tokens, num_q_heads, splits)
     else:
         splits = 1
-        part_o, part_lse = out, out  # placeholders: the NUM_SPLITS == 1 branch never touches them
+        part_o, part_lse = out, out  # placeholders: without SPLIT_KV the kernel never touches them
 
     num_q_blocks = num_tokens // cfg.block_q + batch  # upper bound; surplus blocks exit at once
     lse_t = lse_out if lse_out is not None else out
@@ -855,11 +857,11 @@ def paged_attention(
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         out.stride(0), out.stride(1),
         *lse_strides, *po_strides, *pl_strides,
-        block_table.stride(0),
+        block_table.stride(0), splits,
         GQA=num_q_heads // num_kv_heads,
         HEAD_K=head_size, HEAD_V=head_size_v, HEAD_K_PAD=head_k_pad, HEAD_V_PAD=head_v_pad,
         BLOCK_SIZE=key_cache.shape[1], BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_q, TILE_N=cfg.tile_n,
-        NUM_SPLITS=splits, CAUSAL=bool(causal), USE_WINDOW=sliding_window is not None,
+        SPLIT_KV=splits > 1, CAUSAL=bool(causal), USE_WINDOW=sliding_window is not None,
         USE_SINKS=sinks is not None, USE_SOFTCAP=softcap > 0.0, USE_KV_SCALE=k_scale is not None,
         WRITE_LSE=lse_out is not None, DOT_MODE=dot_mode,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -873,10 +875,10 @@ def paged_attention(
             cu_seqlens_q, batch,
             *po_strides, *pl_strides,
             out.stride(0), out.stride(1),
-            *lse_strides,
+            *lse_strides, splits,
             HEAD_V=head_size_v, HEAD_V_PAD=head_v_pad,
-            NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits),
+            SPLITS_PAD=triton.next_power_of_2(max(splits, MAX_SPLITS)),
             USE_SINKS=sinks is not None, WRITE_LSE=lse_out is not None,
-            num_warps=4,
+            num_warps=4 if head_v_pad <= 128 else 8,
         )  # fmt: skip
     return out
