@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import statistics
 import subprocess
 import sys
@@ -146,9 +147,24 @@ def _prompts(seed: int, batch: int, length: int, vocab: int) -> list[dict[str, l
     ]
 
 
-def _triton_cache_entries() -> set[str]:
-    cache = Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
-    return {p.name for p in cache.iterdir()} if cache.exists() else set()
+# vLLM's JIT monitor (jit_monitor_verbose=True) logs every kernel compiled after warm-up with
+# this text; the driver brackets each timed run with markers in the same log.
+JIT_WARNING = "JIT compilation during inference"
+TIMED_START, TIMED_END = "[bench_engine] timed run starts", "[bench_engine] timed run ends"
+
+
+def _count_jit_in_timed_runs(log: str) -> list[int]:
+    """Compilations vLLM's JIT monitor reported inside each timed run, in case order."""
+    counts, inside = [], False
+    for line in log.splitlines():
+        if TIMED_START in line:
+            counts.append(0)
+            inside = True
+        elif TIMED_END in line:
+            inside = False
+        elif inside and JIT_WARNING in line:
+            counts[-1] += 1
+    return counts
 
 
 def _timed_case(llm, sampling_cls, batch: int, prompt_len: int, out_len: int, vocab: int) -> dict:
@@ -156,10 +172,12 @@ def _timed_case(llm, sampling_cls, batch: int, prompt_len: int, out_len: int, vo
     started = time.perf_counter()
     llm.generate(_prompts(1, batch, prompt_len, vocab), sampling, use_tqdm=False)
     warm_s = time.perf_counter() - started
-    before = _triton_cache_entries()
+    print(TIMED_START, flush=True)
     started = time.perf_counter()
     outputs = llm.generate(_prompts(2, batch, prompt_len, vocab), sampling, use_tqdm=False)
     wall = time.perf_counter() - started
+    time.sleep(0.5)  # let the engine core's log lines of this run land before the marker
+    print(TIMED_END, flush=True)
     ttft, itl = [], []
     for out in outputs:
         m = out.metrics
@@ -177,7 +195,6 @@ def _timed_case(llm, sampling_cls, batch: int, prompt_len: int, out_len: int, vo
         "first_run_s": warm_s,
         "ttft_ms": statistics.median(ttft) if ttft else None,
         "itl_ms": statistics.median(itl) if itl else None,
-        "triton_compiles_in_timed_run": len(_triton_cache_entries() - before),
     }
 
 
@@ -196,6 +213,7 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
         max_model_len=MAX_MODEL_LEN,
         gpu_memory_utilization=0.85,
         disable_log_stats=False,
+        jit_monitor_verbose=True,
         seed=0,
         # Graphs for exactly the batch sizes the cases decode (vLLM's default list has ~50
         # sizes; capturing them all costs start-up time and changes no figure here).
@@ -224,7 +242,11 @@ def _run_engine_process(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
         tail = log_path.read_text()[-3000:]
         print(f"[bench_engine] {spec['label']} failed (exit {proc.returncode}):\n{tail}")
         return {"label": spec["label"], "error": tail}
-    return json.loads(out_path.read_text())
+    result = json.loads(out_path.read_text())
+    counts = _count_jit_in_timed_runs(log_path.read_text())
+    for case, count in zip(result["cases"], counts, strict=True):
+        case["jit_compiles_in_timed_run"] = count
+    return result
 
 
 def _case_name(case: dict[str, Any]) -> str:
@@ -278,8 +300,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="three small cases")
     parser.add_argument("--only", default="", help="comma-separated engine labels to run")
     parser.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument(
+        "--render", metavar="JSON", help="redraw the table, markdown and PNG of saved results"
+    )
     parser.add_argument("--engine", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.render:
+        saved = json.loads(Path(args.render).read_text())
+        out_dir = str(Path(args.render).parent)
+        render(saved["engines"], saved["family"], saved["setup"], out_dir, saved["gpu"])
+        return 0
     if args.engine:
         spec = json.loads(Path(args.engine[0]).read_text())
         result = run_engine(spec)
@@ -318,32 +348,53 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench_engine] {label}: {time.perf_counter() - started:.0f} s", flush=True)
         results.append(result)
     json_path = Path(args.out_dir) / f"{gpu_slug()}-{op}.json"
+    command = shlex.join(["python", "benchmarks/bench_engine.py", *(argv or sys.argv[1:])])
+    for r in results:
+        r["command"] = command
     if args.only and json_path.exists():
         # A partial re-run keeps the other engines' figures from the last full run.
         kept = json.loads(json_path.read_text()).get("engines", [])
         ran = {r["label"] for r in results}
         results = [r for r in kept if r["label"] not in ran] + results
-    rows = build_rows(results, family["engines"][0][0])
     arch = config["architectures"][0]
-    notes = [
+    setup = (
         f"Model: {arch} shapes, {args.layers} layers, dummy weights, bf16; vLLM defaults "
         f"(torch.compile, CUDA graphs; capture sizes {CAPTURE_SIZES}); each case timed on its "
-        "second run (new prompts).",
+        "second run (new prompts)."
+    )
+    render(results, args.family, setup, args.out_dir, gpu_slug())
+    return 0 if not any("error" in r for r in results) else 1
+
+
+def render(
+    results: list[dict[str, Any]], family_name: str, setup: str, out_dir: str, gpu: str
+) -> None:
+    """Table, markdown, JSON (with every engine's raw figures) and PNG of engine results."""
+    family = FAMILIES[family_name]
+    op = "engine" if family_name == "attention" else "engine-mla"
+    rows = build_rows(results, family["engines"][0][0])
+    notes = [
+        setup,
         *(f"{name} not run: {why}" for name, why in family["not_run"].items()),
         *(f"{r['label']} failed: {r['error'][-300:]}" for r in results if "error" in r),
-        *(
-            f"{r['label']}: engine start {r['load_s']:.0f} s; Triton compiles during timed runs: "
-            f"{sum(c['triton_compiles_in_timed_run'] for c in r['cases'])}"
-            for r in results
-            if "error" not in r
-        ),
     ]
-    command = "python benchmarks/bench_engine.py " + " ".join(argv or sys.argv[1:])
-    report(rows, gpu_slug(), op, command.strip(), args.out_dir, notes=notes)
+    for r in results:
+        if "error" in r:
+            continue
+        counts = [c.get("jit_compiles_in_timed_run") for c in r["cases"]]
+        jit = "not counted" if None in counts else str(sum(counts))
+        notes.append(
+            f"{r['label']}: engine start {r['load_s']:.0f} s; kernels vLLM's JIT monitor saw "
+            f"compiled during timed runs: {jit}; run by `{r.get('command', '?')}`"
+        )
+    commands = sorted({r.get("command", "?") for r in results})
+    report(rows, gpu, op, " ; ".join(commands), out_dir, notes=notes)
+    json_path = Path(out_dir) / f"{gpu}-{op}.json"
     payload = json.loads(json_path.read_text())
     payload["engines"] = results
+    payload["family"] = family_name
+    payload["setup"] = setup
     json_path.write_text(json.dumps(payload, indent=1) + "\n")
-    return 0 if not any("error" in r for r in results) else 1
 
 
 if __name__ == "__main__":

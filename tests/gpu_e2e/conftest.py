@@ -110,6 +110,8 @@ def _jobs(models: dict[str, Path]) -> dict[str, dict[str, Any]]:
         "method": "dflash",
         "model": str(models["draft"]),
         "num_speculative_tokens": 7,
+        # vLLM picks the draft's backend on its own unless told (FLASH_ATTN on the H200).
+        "attention_backend": "BWX_ATTN",
     }
     jobs = {
         "qwen3-flash_attn": job_spec(qwen3, attention_backend="FLASH_ATTN"),
@@ -178,7 +180,44 @@ def engines(tmp_path_factory) -> dict[str, dict[str, Any]]:
     jobs = _jobs(models)
     with ThreadPoolExecutor(max_workers=CONCURRENT_JOBS) as pool:
         futures = {n: pool.submit(_run_job, n, s, root / "jobs" / n) for n, s in jobs.items()}
-        return {name: future.result() for name, future in futures.items()}
+        results = {name: future.result() for name, future in futures.items()}
+    (root / "summary.md").write_text(summarise(results))
+    return results
+
+
+# Pairs whose teacher-forced gap the summary reports: vLLM's own noise first, then ours.
+SUMMARY_PAIRS = [
+    ("qwen3-flash_attn", "qwen3-triton_attn"),
+    ("qwen3-bwx_attn", "qwen3-flash_attn"),
+    ("qwen3-triton_attn-fp8", "qwen3-flash_attn"),
+    ("qwen3-bwx_attn-fp8", "qwen3-flash_attn"),
+    ("sliding-flash_attn", "sliding-triton_attn"),
+    ("sliding-bwx_attn", "sliding-flash_attn"),
+    ("mla-default", "mla-triton_mla"),
+    ("mla-bwx_mla", "mla-default"),
+    ("mla-bwx_mla", "mla-triton_mla"),
+    ("mla-bwx_mla-fp8", "mla-triton_mla-fp8"),
+    ("dflash-bwx_attn", "qwen3-bwx_attn"),
+    ("dflash-bwx_attn-fp8", "qwen3-bwx_attn-fp8"),
+]
+
+
+def summarise(engines: dict[str, dict[str, Any]]) -> str:
+    """Markdown: every engine's backends and timings, and the teacher-forced gaps (nats)."""
+    lines = ["| engine | served by | load s | generate s |", "|---|---|---|---|"]
+    for name, r in engines.items():
+        if "error" in r:
+            lines.append(f"| {name} | FAILED | - | - |")
+            continue
+        served = ", ".join(sorted(served_by(r)))
+        lines.append(f"| {name} | {served} | {r['load_s']:.0f} | {r['generate_s']:.2f} |")
+    lines += ["", "| run | against | max | mean |", "|---|---|---|---|"]
+    for a, b in SUMMARY_PAIRS:
+        if "error" in engines.get(a, {"error": 1}) or "error" in engines.get(b, {"error": 1}):
+            continue
+        d = teacher_forced_deltas(engines[a], engines[b])
+        lines.append(f"| {a} | {b} | {max(d):.3f} | {sum(d) / len(d):.4f} |")
+    return "\n".join(lines) + "\n"
 
 
 def result_of(engines: dict[str, dict[str, Any]], name: str) -> dict[str, Any]:

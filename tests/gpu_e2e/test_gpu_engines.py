@@ -5,13 +5,19 @@ are held to vLLM's own backends within the noise measured, in the same session, 
 vLLM's own backends on the same model (`conftest.assert_matches_within_noise`):
 - BWX_ATTN (bf16) against FLASH_ATTN, noise FLASH_ATTN vs TRITON_ATTN; Qwen3-8B attention
   shapes, then a model with a sliding-window layer;
-- BWX_ATTN with an fp8 cache against TRITON_ATTN with an fp8 cache: vLLM's one writer fills
-  both caches with the same bytes (scale 1), so only bf16-level compute noise may separate them;
+- BWX_ATTN with an fp8 cache: its error against vLLM's bf16 run at most 10% above that of
+  vLLM's own fp8 run (TRITON_ATTN). Two fp8 runs cannot be held to bf16 noise: a value that
+  upstream bf16 noise moves across an e4m3 rounding boundary changes by a whole fp8 step, so
+  on the H200 two fp8 runs sat as far apart (mean 0.80 nats) as fp8 from bf16 (0.77-0.98);
 - BWX_MLA against vLLM's default MLA backend on this GPU, noise default vs TRITON_MLA, with
   chunked prefill of long prompts, so the context gather runs through our op; fp8 against
   TRITON_MLA fp8;
-- DFlash with our draft on BWX_ATTN: the speculative engine's greedy output equals the
-  target-only engine's (lossless), bf16 and fp8 KV.
+- DFlash with our draft (target and draft on BWX_ATTN): the speculative engine's greedy output
+  equals the target-only engine's (lossless), bf16 and fp8 KV.
+
+vLLM starts its engine core by fork on CUDA (the CPU platform spawns), so registration is
+inherited there; the spawn path is pinned by tests/e2e. Here the worker's report of which
+backend serves each layer is the proof that ours ran.
 """
 
 from __future__ import annotations
@@ -33,6 +39,10 @@ skip_without_cuda_vllm()
 pytestmark = pytest.mark.gpu
 
 
+# Our fp8 error may exceed vLLM's own fp8 error by this factor at most.
+FP8_MARGIN = 1.10
+
+
 def _noise(engines, a: str, b: str) -> tuple[float, float]:
     return backend_noise(result_of(engines, a), result_of(engines, b))
 
@@ -51,8 +61,6 @@ def test_our_backend_serves_every_layer_with_cuda_graphs(engines, job, backend):
     result = result_of(engines, job)
     assert served_by(result) == {backend}
     assert "Graph capturing finished" in result["log"], "no CUDA graphs were captured"
-    processes = {r["process_name"] for r in result["trace"]}
-    assert "EngineCore" in processes, processes
 
 
 def test_bwx_attn_matches_flash_attn_within_vllm_backend_noise(engines):
@@ -62,13 +70,13 @@ def test_bwx_attn_matches_flash_attn_within_vllm_backend_noise(engines):
     )
 
 
-def test_bwx_attn_fp8_cache_matches_triton_attn_fp8(engines):
-    ours = result_of(engines, "qwen3-bwx_attn-fp8")
-    theirs = result_of(engines, "qwen3-triton_attn-fp8")
-    bf16 = result_of(engines, "qwen3-bwx_attn")
-    assert max(teacher_forced_deltas(bf16, ours)) > 0, "fp8 run equals bf16: nothing quantised"
-    noise = _noise(engines, "qwen3-flash_attn", "qwen3-triton_attn")
-    assert_matches_within_noise(ours, theirs, noise)
+def test_bwx_attn_fp8_cache_error_is_no_worse_than_vllm_own_fp8(engines):
+    reference = result_of(engines, "qwen3-flash_attn")
+    ours = teacher_forced_deltas(reference, result_of(engines, "qwen3-bwx_attn-fp8"))
+    theirs = teacher_forced_deltas(reference, result_of(engines, "qwen3-triton_attn-fp8"))
+    assert max(ours) > 0, "fp8 run equals bf16: nothing quantised"
+    assert max(ours) <= FP8_MARGIN * max(theirs), (max(ours), max(theirs))
+    assert sum(ours) / len(ours) <= FP8_MARGIN * sum(theirs) / len(theirs)
 
 
 def test_sliding_window_layer_matches_flash_attn(engines):
@@ -99,6 +107,7 @@ def test_bwx_mla_fp8_cache_matches_triton_mla_fp8(engines):
 )
 def test_dflash_on_bwx_attn_is_lossless(engines, spec_job, target_job):
     spec, target = result_of(engines, spec_job), result_of(engines, target_job)
+    assert served_by(spec) == {"BWX_ATTN"}, "target and draft layers must run on BWX_ATTN"
     drafts = spec["spec_decode"].get("vllm:spec_decode_num_drafts", 0)
     assert drafts > 0, f"no speculative step ran: {spec['spec_decode']}"
     # Verify blocks (8 query tokens) and single-token decodes round differently: the same

@@ -126,7 +126,8 @@ def run_both(case: dict, **kw) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
         lse_out=lse,
         **kw,
     )
-    ref_kw = {k: v for k, v in kw.items() if k not in ("workspace", "num_splits", "config")}
+    launch_only = ("workspace", "num_splits", "config", "compiled")
+    ref_kw = {k: v for k, v in kw.items() if k not in launch_only}
     ref_out, ref_lse = paged_attention_ref(*args, *meta, **ref_kw)
     # Rows past the last request are never written.
     assert (out[total:] == 7.0).all() and (lse[total:] == 7.0).all()
@@ -472,6 +473,26 @@ def test_gpu_split_kv_decode_and_verify_long_context(kv_dtype, causal, q_len):
     assert_close(
         case, dtype, softmax_scale=128**-0.5, causal=causal, workspace=ws, **scales(kv_dtype)
     )
+
+
+@gpu_only
+def test_gpu_new_batch_sizes_and_split_counts_reuse_one_compiled_kernel():
+    # vLLM runs mixed batches eagerly with any request count and split count; each new Triton
+    # specialisation would compile (~1 s) in the middle of serving. Same config (decode-shaped
+    # q=1), varying batch and splits: one compiled kernel with the split path, one without.
+    ws = SplitKVWorkspace.for_device(32, 8, 128, device=DEVICE)
+    handles = []
+    for batch, splits in [(1, 1), (3, 1), (16, 1), (1, 2), (3, 5), (16, 7), (5, 16), (2, 33)]:
+        case = make_case(
+            # the longest request fixes the block-table width, as vLLM's max_model_len does
+            [1] * batch, [3000 - 17 * b for b in range(batch)], num_q_heads=32, num_kv_heads=8,
+            head_size=128, block_size=16, dtype=torch.bfloat16, seed=batch + splits,
+        )  # fmt: skip
+        assert_close(
+            case, torch.bfloat16, softmax_scale=128**-0.5, workspace=ws, num_splits=splits,
+            compiled=handles,
+        )  # fmt: skip
+    assert len({id(h) for h in handles}) == 2, "a batch size or split count recompiled"
 
 
 @gpu_only
