@@ -21,8 +21,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 kit_src="$root/.gpu_kit"
 kit_dir=${BWX_KIT_DIR:-/tmp/bwx-kit}
 piece_mib=${BWX_KIT_PIECE_MIB:-60}
-# The wheels a CUDA vLLM 0.32 engine needs on top of an image with torch 2.11 (facts behind
-# each: README "A vLLM engine on a GPU machine without a registry").
+# The wheels a CUDA vLLM 0.32 engine needs on top of an image with torch 2.11 (why each: the
+# README's "On a GPU machine" section).
 big_wheels=(torch==2.13.0 triton==3.7.1 nvidia-nccl-cu13==2.29.7 vllm==0.32.0)
 
 die() { echo "[gpu_kit] $*" >&2; exit 1; }

@@ -90,7 +90,8 @@ def _find_request(cu_q_ptr, q_block_idx, batch, BLOCK_Q: tl.constexpr):
 
 # Ints that change from batch to batch (request count, split count and the partial-LSE strides
 # that follow it) are runtime values, not specialised on: eager mixed batches in vLLM bring any
-# of them at any time, and each new specialisation was a ~1 s compile in the middle of serving.
+# of them at any time, and each new specialisation would compile (about a second on an H200)
+# in the middle of serving.
 @triton.jit(do_not_specialize=["batch", "num_splits", "stride_plt", "stride_plh"])
 def _paged_attn_kernel(
     q_ptr,
