@@ -9,6 +9,8 @@ cd "$root"
 echo "[test] ruff"
 ruff check .
 ruff format --check .
+# Where this run happens (pytest -q hides the session header that says the same).
+python -c 'from vllm_blackwell_ext.host_cpu import cpu_summary_line as h; print("[test] host CPU:", h())'
 echo "[test] pytest"
 set +e
 python -m pytest -q -p no:cacheprovider "$@"
