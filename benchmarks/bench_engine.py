@@ -244,8 +244,9 @@ def _run_engine_process(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
         return {"label": spec["label"], "error": tail}
     result = json.loads(out_path.read_text())
     counts = _count_jit_in_timed_runs(log_path.read_text())
-    for case, count in zip(result["cases"], counts, strict=True):
-        case["jit_compiles_in_timed_run"] = count
+    if len(counts) == len(result["cases"]):  # else the markers were lost: leave uncounted
+        for case, count in zip(result["cases"], counts, strict=True):
+            case["jit_compiles_in_timed_run"] = count
     return result
 
 
