@@ -1,7 +1,7 @@
 """Benchmark of BWX_ATTN's paged-attention kernel against vLLM 0.32's Triton unified attention.
 
 Qwen3-8B shapes (32 query heads, 8 KV heads, head 128, block 16), pages shuffled. Cases cover
-every goal row of issue 4: decode (bf16 and fp8 KV), spec-verify and DFlash draft blocks
+the serving shapes that matter: decode (bf16 and fp8 KV), spec-verify and DFlash draft blocks
 (query 8/16, causal and not), the sliding-window draft layer and prefill. GB/s counts the KV
 bytes a case must read (in the cache dtype) per second; the copy roofline is measured in the
 same run. Peers: `vllm-triton-unified` (vLLM's kernel through `.peer_tools/peer_shim.py`,

@@ -5,7 +5,7 @@ with `layer_types`, MiMo's `use_swa`, vLLM `speculators` exports). Every consume
 reference, vLLM model) reads the resulting `DFlashPlan` instead of re-deriving fields, so a rule
 lives in exactly one place. Imports nothing from vLLM.
 
-Rules (issue 6):
+Rules:
 - `target_layer_ids` is required; there is no fallback formula (a guessed layer list silently
   destroys acceptance). Ids are 0-based target layers; the feature of id `i` is HF
   `hidden_states[i + 1]`, i.e. the output of target layer `i`.

@@ -1,4 +1,4 @@
-"""The DFlash draft model for vLLM 0.32, with the fixes of issue 6.
+"""The DFlash draft model for vLLM 0.32, driven by one normalised plan of the draft config.
 
 It subclasses upstream's `DFlashQwen3ForCausalLM` (vllm/model_executor/models/qwen3_dflash.py)
 and keeps its runtime contract with vLLM's DFlash proposer (`vllm/v1/spec_decode/dflash.py`):
@@ -219,7 +219,7 @@ def _strip_prefix(name: str) -> str:
 
 
 class BwxDFlashDraftModel(DFlashQwen3ForCausalLM):
-    """vLLM 0.32 DFlash draft (Qwen3-style layers) with the plan-driven fixes of issue 6."""
+    """vLLM 0.32 DFlash draft (Qwen3-style layers) whose every layer follows the DFlashPlan."""
 
     model_cls = BwxDFlashModel
 

@@ -48,7 +48,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
         return _generate(llm, spec, SamplingParams, load_s=time.perf_counter() - started)
     finally:
         # Stop the engine core and its workers now: left to garbage collection, a console
-        # script (vllm-bwx demo) was seen waiting on them forever after printing its result.
+        # script (vllm-bwx demo) can wait on them forever after printing its result.
         llm.llm_engine.engine_core.shutdown()
 
 
@@ -147,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def exit_now(status: int) -> None:
     """Leave without interpreter finalisation, once results are written and the engine is shut
-    down: a job process was seen aborting there ("terminate called without an active
-    exception", from a native thread torn down at exit) after its work had completed."""
+    down: finalisation can abort the process ("terminate called without an active exception",
+    from a native thread torn down at exit) after its work has completed."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
