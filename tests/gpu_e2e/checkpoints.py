@@ -55,11 +55,11 @@ class _Weights:
         return path
 
 
-def _common(hidden: int, layers: int, max_positions: int) -> dict:
+def _common(hidden: int, layers: int, max_positions: int, vocab: int = VOCAB) -> dict:
     return {
         "hidden_size": hidden,
         "num_hidden_layers": layers,
-        "vocab_size": VOCAB,
+        "vocab_size": vocab,
         "max_position_embeddings": max_positions,
         "rms_norm_eps": 1e-6,
         "hidden_act": "silu",
@@ -88,24 +88,26 @@ def _mlp_and_norms(w: _Weights, p: str, hidden: int, inter: int) -> None:
 QWEN3_8B = {"hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128, "inter": 12288}
 
 
-def write_qwen3_8b_shaped(path: Path, *, layers: int = 4, seed: int = 0) -> Path:
-    """Qwen3 with Qwen3-8B's layer shapes; q/k norms at 2.0 give raw scores of std ~4."""
-    if (path / MARKER).exists():
-        return path
+def _gqa_attention(
+    w: _Weights, p: str, *, qk_gain: float = 1.0, qk_norm: float | None = None
+) -> None:
+    """Q/K/V/O projections of Qwen3-8B's attention shape; Qwen3's q/k norms when `qk_norm`."""
     s = QWEN3_8B
-    w = _Weights(seed)
-    _embeddings_and_head(w, s["hidden"])
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        w.linear(p + "self_attn.q_proj.weight", s["heads"] * s["head_dim"], s["hidden"])
-        w.linear(p + "self_attn.k_proj.weight", s["kv_heads"] * s["head_dim"], s["hidden"])
-        w.linear(p + "self_attn.v_proj.weight", s["kv_heads"] * s["head_dim"], s["hidden"])
-        w.linear(p + "self_attn.o_proj.weight", s["hidden"], s["heads"] * s["head_dim"])
-        w.constant(p + "self_attn.q_norm.weight", s["head_dim"], 2.0)
-        w.constant(p + "self_attn.k_norm.weight", s["head_dim"], 2.0)
-        _mlp_and_norms(w, p, s["hidden"], s["inter"])
-    config = {
-        **_common(s["hidden"], layers, 40960),
+    q_out, kv_out = s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
+    w.linear(p + "self_attn.q_proj.weight", q_out, s["hidden"], qk_gain)
+    w.linear(p + "self_attn.k_proj.weight", kv_out, s["hidden"], qk_gain)
+    w.linear(p + "self_attn.v_proj.weight", kv_out, s["hidden"])
+    w.linear(p + "self_attn.o_proj.weight", s["hidden"], q_out)
+    if qk_norm is not None:
+        w.constant(p + "self_attn.q_norm.weight", s["head_dim"], qk_norm)
+        w.constant(p + "self_attn.k_norm.weight", s["head_dim"], qk_norm)
+
+
+def qwen3_8b_shaped_config(layers: int, *, vocab: int = VOCAB, max_positions: int = 40960) -> dict:
+    """config.json of a Qwen3 with Qwen3-8B's layer shapes."""
+    s = QWEN3_8B
+    return {
+        **_common(s["hidden"], layers, max_positions, vocab),
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
         "intermediate_size": s["inter"],
@@ -115,7 +117,20 @@ def write_qwen3_8b_shaped(path: Path, *, layers: int = 4, seed: int = 0) -> Path
         "rope_theta": 1000000.0,
         "attention_bias": False,
     }
-    return w.save(path, config)
+
+
+def write_qwen3_8b_shaped(path: Path, *, layers: int = 4, seed: int = 0) -> Path:
+    """Qwen3 with Qwen3-8B's layer shapes; q/k norms at 2.0 give raw scores of std ~4."""
+    if (path / MARKER).exists():
+        return path
+    s = QWEN3_8B
+    w = _Weights(seed)
+    _embeddings_and_head(w, s["hidden"])
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        _gqa_attention(w, p, qk_norm=2.0)
+        _mlp_and_norms(w, p, s["hidden"], s["inter"])
+    return w.save(path, qwen3_8b_shaped_config(layers))
 
 
 def write_sliding_window_llama(path: Path, *, window: int = 256, seed: int = 1) -> Path:
@@ -132,10 +147,7 @@ def write_sliding_window_llama(path: Path, *, window: int = 256, seed: int = 1) 
     _embeddings_and_head(w, s["hidden"])
     for i in range(len(layer_types)):
         p = f"model.layers.{i}."
-        w.linear(p + "self_attn.q_proj.weight", s["heads"] * s["head_dim"], s["hidden"], 2.0)
-        w.linear(p + "self_attn.k_proj.weight", s["kv_heads"] * s["head_dim"], s["hidden"], 2.0)
-        w.linear(p + "self_attn.v_proj.weight", s["kv_heads"] * s["head_dim"], s["hidden"])
-        w.linear(p + "self_attn.o_proj.weight", s["hidden"], s["heads"] * s["head_dim"])
+        _gqa_attention(w, p, qk_gain=2.0)
         _mlp_and_norms(w, p, s["hidden"], s["inter"])
     config = {
         **_common(s["hidden"], len(layer_types), 8192),
@@ -185,8 +197,17 @@ def write_deepseek_v2_lite_shaped(path: Path, *, layers: int = 2, seed: int = 2)
         )
         w.linear(p + "self_attn.o_proj.weight", s["hidden"], s["heads"] * s["v"])
         _mlp_and_norms(w, p, s["hidden"], s["inter"])
-    config = {
-        **_common(s["hidden"], layers, 8192),
+    return w.save(path, deepseek_v2_lite_shaped_config(layers))
+
+
+def deepseek_v2_lite_shaped_config(
+    layers: int, *, vocab: int = VOCAB, max_positions: int = 8192
+) -> dict:
+    """config.json of a DeepSeek-V2 with V2-Lite's MLA shapes and dense MLPs in every layer
+    (the routed-expert fields are V2-Lite's but no layer uses them)."""
+    s = DEEPSEEK_V2_LITE
+    return {
+        **_common(s["hidden"], layers, max_positions, vocab),
         "architectures": ["DeepseekV2ForCausalLM"],
         "model_type": "deepseek_v2",
         "intermediate_size": s["inter"],
@@ -212,7 +233,6 @@ def write_deepseek_v2_lite_shaped(path: Path, *, layers: int = 2, seed: int = 2)
         "rope_theta": 10000.0,
         "attention_bias": False,
     }
-    return w.save(path, config)
 
 
 def write_dflash_draft(
@@ -233,27 +253,11 @@ def write_dflash_draft(
     w.constant("hidden_norm.weight", s["hidden"])
     w.constant("norm.weight", s["hidden"])
     p = "layers.0."
-    w.linear(p + "self_attn.q_proj.weight", s["heads"] * s["head_dim"], s["hidden"])
-    w.linear(p + "self_attn.k_proj.weight", s["kv_heads"] * s["head_dim"], s["hidden"])
-    w.linear(p + "self_attn.v_proj.weight", s["kv_heads"] * s["head_dim"], s["hidden"])
-    w.linear(p + "self_attn.o_proj.weight", s["hidden"], s["heads"] * s["head_dim"])
-    w.constant(p + "self_attn.q_norm.weight", s["head_dim"], 2.0)
-    w.constant(p + "self_attn.k_norm.weight", s["head_dim"], 2.0)
-    w.linear(p + "mlp.gate_proj.weight", s["inter"], s["hidden"])
-    w.linear(p + "mlp.up_proj.weight", s["inter"], s["hidden"])
-    w.linear(p + "mlp.down_proj.weight", s["hidden"], s["inter"])
-    w.constant(p + "input_layernorm.weight", s["hidden"])
-    w.constant(p + "post_attention_layernorm.weight", s["hidden"])
+    _gqa_attention(w, p, qk_norm=2.0)
+    _mlp_and_norms(w, p, s["hidden"], s["inter"])
     config = {
-        **_common(s["hidden"], 1, 40960),
+        **qwen3_8b_shaped_config(1),
         "architectures": ["BwxDFlashDraftModel"],
-        "model_type": "qwen3",
-        "intermediate_size": s["inter"],
-        "num_attention_heads": s["heads"],
-        "num_key_value_heads": s["kv_heads"],
-        "head_dim": s["head_dim"],
-        "rope_theta": 1000000.0,
-        "attention_bias": False,
         "block_size": block_size,
         "num_target_layers": num_target_layers,
         "dflash_config": {"mask_token_id": VOCAB - 1, "target_layer_ids": list(target_layer_ids)},

@@ -13,11 +13,8 @@ gets a fixed KV-cache size, so vLLM's memory profiling never reads another engin
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,10 +22,10 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.conftest import run_engine_job
+
 from . import checkpoints
 
-REPO = Path(__file__).resolve().parents[2]
-ENGINE_TIMEOUT_S = 900
 CONCURRENT_JOBS = int(os.environ.get("BWX_GPU_E2E_JOBS", "3"))
 
 # CUDA graphs as vLLM captures them for decode (and spec-verify) batches: full graphs of the
@@ -139,35 +136,13 @@ def _jobs(models: dict[str, Path]) -> dict[str, dict[str, Any]]:
 
 
 def _run_job(name: str, spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
-    workdir.mkdir(parents=True, exist_ok=True)
-    spec_path, out_path, log_path = workdir / "spec.json", workdir / "out.json", workdir / "log"
-    spec_path.write_text(json.dumps(spec))
-    env = dict(os.environ)
-    env.update(
-        {
-            "BWX_TRACE_DIR": str(workdir / "trace"),
-            # the job asks each worker which backend serves its layers (a pickled function)
-            "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
-            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p),
-        }
-    )
-    env.pop("TRITON_INTERPRET", None)
+    """One engine job; a failure is kept as the job's result, so the other jobs still run."""
     started = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.run(
-            [sys.executable, "-m", "vllm_blackwell_ext.testing.engine_job", spec_path, out_path],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            timeout=ENGINE_TIMEOUT_S,
-            cwd=workdir,
-        )
+    try:
+        result = run_engine_job(spec, workdir, cpu=False)
+    except (AssertionError, OSError) as exc:
+        return {"error": f"{name}: {exc}"}
     wall = time.perf_counter() - started
-    if proc.returncode != 0 or not out_path.exists():
-        return {"error": f"{name}: exit {proc.returncode}\n{log_path.read_text()[-5000:]}"}
-    result = json.loads(out_path.read_text())
-    result["trace"] = [json.loads(p.read_text()) for p in sorted((workdir / "trace").glob("*"))]
-    result["log"] = log_path.read_text()
     print(f"[gpu_e2e] {name}: {wall:.0f} s (load {result['load_s']:.0f} s)", flush=True)
     return result
 
