@@ -66,15 +66,16 @@ CAPTURE_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 # vocabularies (dummy weights here, so their size costs nothing to write).
 ATTENTION_CONFIG = qwen3_8b_shaped_config(4, vocab=151936)
 MLA_CONFIG = deepseek_v2_lite_shaped_config(4, vocab=102400, max_positions=163840)
-# Engines per family: (label, attention_backend, kv_cache_dtype). The first is ours.
+# Engines per family: (label, attention_backend, kv_cache_dtype), in the order they run (each
+# engine's figures are saved as it finishes). The first is ours.
 FAMILIES: dict[str, dict[str, Any]] = {
     "attention": {
         "config": ATTENTION_CONFIG,
         "engines": [
             ("BWX_ATTN", "BWX_ATTN", "auto"),
             ("FLASH_ATTN", "FLASH_ATTN", "auto"),
-            ("TRITON_ATTN", "TRITON_ATTN", "auto"),
             ("BWX_ATTN fp8", "BWX_ATTN", "fp8"),
+            ("TRITON_ATTN", "TRITON_ATTN", "auto"),
             ("FLASH_ATTN fp8", "FLASH_ATTN", "fp8"),
         ],
         # FlashInfer is not in the kit (it JIT-compiles with nvcc at first use): not run.
@@ -84,9 +85,9 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "config": MLA_CONFIG,
         "engines": [
             ("BWX_MLA", "BWX_MLA", "auto"),
-            ("FLASH_ATTN_MLA", "FLASH_ATTN_MLA", "auto"),
-            ("FLASHMLA", "FLASHMLA", "auto"),
             ("TRITON_MLA", "TRITON_MLA", "auto"),
+            ("FLASHMLA", "FLASHMLA", "auto"),
+            ("FLASH_ATTN_MLA", "FLASH_ATTN_MLA", "auto"),
             ("BWX_MLA fp8", "BWX_MLA", "fp8"),
         ],
         "not_run": {"FLASHINFER_MLA": "flashinfer-python is not part of the GPU kit"},
@@ -121,7 +122,23 @@ def _count_jit_in_timed_runs(log: str) -> list[int]:
     return counts
 
 
-def _timed_case(llm, sampling_cls, batch: int, prompt_len: int, out_len: int, vocab: int) -> dict:
+def _profiled_run(llm, sampling, batch: int, prompt_len: int, vocab: int, out: Path) -> None:
+    """One more run of a case (new prompts) under vLLM's torch profiler; untimed. The engine
+    writes its per-kernel GPU time table to `out` (`*.profiler_out.txt`)."""
+    llm.start_profile()
+    llm.generate(_prompts(3, batch, prompt_len, vocab), sampling, use_tqdm=False)
+    llm.stop_profile()
+
+
+def _timed_case(
+    llm,
+    sampling_cls,
+    batch: int,
+    prompt_len: int,
+    out_len: int,
+    vocab: int,
+    profile_dir: Path | None = None,
+) -> dict:
     sampling = sampling_cls(max_tokens=out_len, temperature=0.0, ignore_eos=True)
     started = time.perf_counter()
     llm.generate(_prompts(1, batch, prompt_len, vocab), sampling, use_tqdm=False)
@@ -132,6 +149,8 @@ def _timed_case(llm, sampling_cls, batch: int, prompt_len: int, out_len: int, vo
     wall = time.perf_counter() - started
     time.sleep(0.5)  # let the engine core's log lines of this run land before the marker
     print(TIMED_END, flush=True)
+    if profile_dir is not None:
+        _profiled_run(llm, sampling, batch, prompt_len, vocab, profile_dir)
     ttft, itl = [], []
     for out in outputs:
         m = out.metrics
@@ -160,6 +179,13 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
     kwargs = {"kv_cache_dtype": spec["kv_cache_dtype"]}
     if spec["backend"]:
         kwargs["attention_backend"] = spec["backend"]
+    profile_dir = Path(spec["profile_dir"]) if spec.get("profile_dir") else None
+    if profile_dir is not None:
+        kwargs["profiler_config"] = {
+            "profiler": "torch",
+            "torch_profiler_dir": str(profile_dir),
+            "torch_profiler_with_stack": False,
+        }
     llm = LLM(
         model=spec["model"],
         load_format="dummy",
@@ -176,7 +202,12 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
     )
     load_s = time.perf_counter() - started
     vocab = spec["vocab"]
-    cases = [_timed_case(llm, SamplingParams, *case, vocab) for case in spec["cases"]]
+    batches = [case[0] for case in spec["cases"]]
+    profiled = batches.index(spec["profile_batch"]) if spec.get("profile_batch") in batches else -1
+    cases = [
+        _timed_case(llm, SamplingParams, *case, vocab, profile_dir if i == profiled else None)
+        for i, case in enumerate(spec["cases"])
+    ]
     llm.llm_engine.engine_core.shutdown()
     return {"label": spec["label"], "load_s": load_s, "cases": cases}
 
@@ -202,6 +233,15 @@ def _run_engine_process(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
         for case, count in zip(result["cases"], counts, strict=True):
             case["jit_compiles_in_timed_run"] = count
     return result
+
+
+def _keep_profile(profile_dir: Path, dest: Path, slug: str) -> None:
+    """Copy the engine's per-kernel time table (the trace itself stays in the workdir)."""
+    tables = sorted(profile_dir.glob("*.profiler_out.txt"))
+    if tables:
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / f"{slug}.txt").write_text(tables[0].read_text())
+        print(f"[bench_engine] profile of {slug}: {dest / f'{slug}.txt'}", flush=True)
 
 
 def _case_name(case: dict[str, Any]) -> str:
@@ -254,6 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="three small cases")
     parser.add_argument("--only", default="", help="comma-separated engine labels to run")
+    parser.add_argument(
+        "--profile-batch",
+        type=int,
+        metavar="B",
+        help="after the timed run of the first case of batch B, run it once more under vLLM's "
+        "torch profiler; per-kernel GPU times go to <out-dir>/profiles/<engine>.txt",
+    )
     parser.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     parser.add_argument(
         "--render", metavar="JSON", help="redraw the table, markdown and PNG of saved results"
@@ -286,7 +333,17 @@ def main(argv: list[str] | None = None) -> int:
         config["first_k_dense_replace"] = args.layers  # dense MLPs: attention is what varies
     (model / "config.json").write_text(json.dumps(config, indent=1))
     op = "engine" if args.family == "attention" else "engine-mla"
-    results = []
+    json_path = Path(args.out_dir) / f"{gpu_slug()}-{op}.json"
+    command = shlex.join(["python", "benchmarks/bench_engine.py", *(argv or sys.argv[1:])])
+    # A partial re-run keeps the other engines' figures from the last run.
+    kept = json.loads(json_path.read_text()).get("engines", []) if json_path.exists() else []
+    arch = config["architectures"][0]
+    setup = (
+        f"Model: {arch} shapes, {args.layers} layers, dummy weights, bf16; vLLM defaults "
+        f"(torch.compile, CUDA graphs; capture sizes {CAPTURE_SIZES}); each case timed on its "
+        "second run (new prompts)."
+    )
+    results: list[dict[str, Any]] = []
     for label, backend, kv_dtype in progress(engines, desc="engines"):
         slug = label.lower().replace(" ", "-")
         spec = {
@@ -298,26 +355,19 @@ def main(argv: list[str] | None = None) -> int:
             "vocab": config["vocab_size"],
             "cases": cases,
         }
+        if args.profile_batch is not None:
+            spec["profile_batch"] = args.profile_batch
+            spec["profile_dir"] = str(workdir / f"profile-{slug}")
         started = time.perf_counter()
         result = _run_engine_process(spec, workdir)
+        if args.profile_batch is not None:
+            _keep_profile(Path(spec["profile_dir"]), Path(args.out_dir) / "profiles", slug)
         print(f"[bench_engine] {label}: {time.perf_counter() - started:.0f} s", flush=True)
-        results.append(result)
-    json_path = Path(args.out_dir) / f"{gpu_slug()}-{op}.json"
-    command = shlex.join(["python", "benchmarks/bench_engine.py", *(argv or sys.argv[1:])])
-    for r in results:
-        r["command"] = command
-    if args.only and json_path.exists():
-        # A partial re-run keeps the other engines' figures from the last full run.
-        kept = json.loads(json_path.read_text()).get("engines", [])
+        results.append({**result, "command": command})
+        # Written after every engine, so a run cut short keeps what finished.
         ran = {r["label"] for r in results}
-        results = [r for r in kept if r["label"] not in ran] + results
-    arch = config["architectures"][0]
-    setup = (
-        f"Model: {arch} shapes, {args.layers} layers, dummy weights, bf16; vLLM defaults "
-        f"(torch.compile, CUDA graphs; capture sizes {CAPTURE_SIZES}); each case timed on its "
-        "second run (new prompts)."
-    )
-    render(results, args.family, setup, args.out_dir, gpu_slug())
+        merged = [r for r in kept if r["label"] not in ran] + results
+        render(merged, args.family, setup, args.out_dir, gpu_slug())
     return 0 if not any("error" in r for r in results) else 1
 
 

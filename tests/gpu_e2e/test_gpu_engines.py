@@ -22,6 +22,8 @@ backend serves each layer is the proof that ours ran.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from .conftest import (
@@ -61,6 +63,45 @@ def test_our_backend_serves_every_layer_with_cuda_graphs(engines, job, backend):
     result = result_of(engines, job)
     assert served_by(result) == {backend}
     assert "Graph capturing finished" in result["log"], "no CUDA graphs were captured"
+
+
+# vLLM's JIT monitor (on after its warm-up) logs each Triton kernel compiled while serving.
+JIT_MONITOR_ON = "Kernel JIT monitor activated"
+COMPILED_WHILE_SERVING = re.compile(r"Triton kernel JIT compilation during inference: (\w+)")
+
+
+def _our_triton_kernels() -> set[str]:
+    import triton
+
+    from vllm_blackwell_ext.kernels import kv_gather, mla_decode, paged_attention
+
+    return {
+        obj.fn.__name__
+        for module in (kv_gather, mla_decode, paged_attention)
+        for obj in vars(module).values()
+        if isinstance(obj, triton.runtime.JITFunction)
+    }
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        "qwen3-bwx_attn",
+        "qwen3-bwx_attn-fp8",
+        "sliding-bwx_attn",
+        "mla-bwx_mla",
+        "mla-bwx_mla-fp8",
+        "dflash-bwx_attn",
+    ],
+)
+def test_our_kernels_are_compiled_in_warmup_never_while_serving(engines, job):
+    # Mixed prefill/decode batches, chunked context and verify blocks all ran in these jobs.
+    log = result_of(engines, job)["log"]
+    assert JIT_MONITOR_ON in log, "vLLM's JIT monitor was not on: nothing to check"
+    compiled = set(COMPILED_WHILE_SERVING.findall(log))
+    ours = _our_triton_kernels()
+    assert "_paged_attn_kernel" in ours and "_kv_gather_kernel" in ours
+    assert not compiled & ours, f"compiled while serving: {sorted(compiled & ours)}"
 
 
 def test_bwx_attn_matches_flash_attn_within_vllm_backend_noise(engines):

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from vllm.config import VllmConfig
+from vllm.config import VllmConfig, get_layers_from_vllm_config
 from vllm.config.cache import CacheDType
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.platforms import current_platform
 from vllm.platforms.interface import DeviceCapability
 from vllm.triton_utils import HAS_TRITON
@@ -40,6 +41,7 @@ from vllm.v1.attention.backend import (
 from vllm.v1.attention.backends.utils import get_num_attention_heads_from_layers
 from vllm.v1.kv_cache_interface import AttentionSpec
 
+from vllm_blackwell_ext.attention.jit_warmup import PAGED_ATTENTION_WARMUP, AttentionLayerKind
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
 from vllm_blackwell_ext.kernels.paged_attention import (
     SplitKVWorkspace,
@@ -229,6 +231,37 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
         self.workspace = SplitKVWorkspace.for_device(
             self.num_heads_q, self.num_kv_heads, self.head_size, device, self.device_info
         )
+        if current_platform.is_cuda():
+            for kind in self._layer_kinds(vllm_config, layer_names):
+                PAGED_ATTENTION_WARMUP.register_warmup(
+                    layer=kind, max_model_len=self.max_model_len, info=self.device_info
+                )
+
+    def _layer_kinds(
+        self, vllm_config: VllmConfig, layer_names: list[str]
+    ) -> set[AttentionLayerKind]:
+        """The distinct launch specialisations of this group's layers (for JIT warm-up)."""
+        kinds = set()
+        layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase, layer_names)
+        for layer in layers.values():
+            impl = getattr(layer, "impl", None)
+            if not isinstance(impl, BwxAttentionImpl):
+                continue
+            kinds.add(
+                AttentionLayerKind(
+                    q_dtype=vllm_config.model_config.dtype,
+                    kv_dtype=impl.fp8_dtype or vllm_config.model_config.dtype,
+                    num_q_heads=impl.num_heads,
+                    num_kv_heads=impl.num_kv_heads,
+                    head_size=impl.head_size,
+                    block_size=self.block_size,
+                    causal=getattr(layer, "bwx_causal", None) is not False,
+                    sliding_window=getattr(layer, "bwx_sliding_window", impl.sliding_window),
+                    has_sinks=impl.sinks is not None,
+                    softcap=impl.logits_soft_cap,
+                )
+            )
+        return kinds
 
     def plan(self, num_tokens: int, max_query_len: int, max_seq_len: int) -> int:
         """Number of KV splits for a launch (1 = no split); pure host arithmetic."""

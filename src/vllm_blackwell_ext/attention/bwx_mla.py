@@ -56,6 +56,7 @@ from vllm.v1.attention.backend import (
 )
 
 import vllm_blackwell_ext.ops  # noqa: F401  (registers torch.ops.vllm_blackwell_ext.*)
+from vllm_blackwell_ext.attention.jit_warmup import MLA_GATHER_WARMUP, MlaGatherKey
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
 from vllm_blackwell_ext.kernels.mla_decode import (
     MlaDecodeWorkspace,
@@ -151,6 +152,17 @@ class BwxMLAMetadataBuilder(MLACommonMetadataBuilder[BwxMLAMetadata]):
         )
         self._longest_local_context = self._local_len_bound(self.model_config.max_model_len)
         self._decode_scratch = self._allocate_decode_scratch()
+        if current_platform.is_cuda():
+            # Chunked prefill reads cached context through our gather op: compile it now.
+            MLA_GATHER_WARMUP.register_warmup(
+                key=MlaGatherKey(
+                    cache_dtype=kv_cache_spec.dtype,
+                    kv_cache_dtype=vllm_config.cache_config.cache_dtype,
+                    out_dtype=self.model_config.dtype,
+                    latent_width=kv_cache_spec.head_size,
+                    block_size=kv_cache_spec.block_size,
+                )
+            )
 
     def _local_len_bound(self, seq_len: int) -> int:
         """Most keys one DCP rank holds of a `seq_len`-token request: ceil(L / (N*I)) * I."""

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# What a GPU machine verifies, as one job: run it through `scripts/gpu_kit.sh bg NAME` (or
+# `run`) so the kit's torch and vLLM are used. Steps, in the order given:
+#
+#   tests       kernel and op tests at real sizes, beside the GPU engine tests (tests/gpu_e2e)
+#   attention   benchmarks/bench_engine.py: BWX_ATTN against vLLM's attention backends
+#   mla         benchmarks/bench_engine.py --family mla: BWX_MLA against vLLM's MLA backends
+#
+#   scripts/gpu_verify.sh OUT_DIR tests attention mla
+#
+# OUT_DIR gets the pytest logs, the engine tests' summary.md and the benchmark results; each
+# engine's figures are written as soon as it finishes, so a run cut short keeps those.
+set -uo pipefail
+[[ $# -ge 2 ]] || { sed -n '2,12p' "$0"; exit 2; }
+out=$1
+shift
+mkdir -p "$out"
+status=0
+for step in "$@"; do
+  echo "[gpu_verify] $step starts at $(date +%T)"
+  case $step in
+    tests)
+      python -m pytest -q tests/kernels tests/ops > "$out/kernel-tests.log" 2>&1 &
+      kernels=$!
+      BWX_GPU_E2E_DIR=${BWX_GPU_E2E_DIR:-/tmp/bwx-gpu-e2e} BWX_GPU_E2E_JOBS=${BWX_GPU_E2E_JOBS:-6} \
+        python -m pytest -q tests/gpu_e2e > "$out/gpu-e2e.log" 2>&1 || status=1
+      wait "$kernels" || status=1
+      cp "${BWX_GPU_E2E_DIR:-/tmp/bwx-gpu-e2e}/summary.md" "$out/gpu-e2e-summary.md" 2>/dev/null
+      tail -n 3 "$out/kernel-tests.log" "$out/gpu-e2e.log"
+      ;;
+    attention | mla)
+      python benchmarks/bench_engine.py --family "$step" --out-dir "$out/bench" \
+        --profile-batch 64 || status=1
+      ;;
+    *)
+      echo "[gpu_verify] unknown step: $step" >&2
+      status=2
+      ;;
+  esac
+done
+echo "[gpu_verify] done at $(date +%T), exit status $status"
+exit $status

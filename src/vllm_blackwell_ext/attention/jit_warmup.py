@@ -1,0 +1,194 @@
+"""Our Triton kernels compiled in vLLM's JIT warm-up, before the engine takes requests.
+
+vLLM's warm-up runs tiny batches through the model (2-token prompts, CUDA-graph capture of
+decode shapes), so without this a kernel variant only those batches miss (the prefill tiles,
+the context gather of chunked MLA prefill) compiles at the first request that needs it: about
+a second of an H200 in the middle of serving, which vLLM's JIT monitor then reports.
+
+The metadata builders register these warm-ups with vLLM 0.32's `JitWarmupRegistry` (active
+while the runner builds them); the registry expands each registration to compile keys and
+compiles every key once, here by launching the kernel on a few pages of scratch with what
+the real launch specialises on: dtypes, constexprs and 16-divisible strides (vLLM's caches
+and activations have them for every head size we declare).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from vllm.model_executor.warmup.jit_warmup import VllmJitKernel
+
+from vllm_blackwell_ext.kernels.device import DeviceInfo
+from vllm_blackwell_ext.kernels.kv_gather import gather_and_maybe_dequant_cache
+from vllm_blackwell_ext.kernels.paged_attention import paged_attention
+from vllm_blackwell_ext.kernels.paged_attention_configs import (
+    SPLIT_KV_MAX_QUERY_LEN,
+    plan_split_kv,
+    select_config,
+)
+
+
+def _current_cuda_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+@dataclass(frozen=True)
+class AttentionLayerKind:
+    """What one BWX_ATTN layer's launches specialise on, besides the query length."""
+
+    q_dtype: torch.dtype
+    kv_dtype: torch.dtype  # the cache's element type as the kernel reads it (fp8, not uint8)
+    num_q_heads: int
+    num_kv_heads: int
+    head_size: int
+    block_size: int
+    causal: bool
+    sliding_window: int | None
+    has_sinks: bool
+    softcap: float
+
+
+@dataclass(frozen=True)
+class PagedAttentionKey:
+    layer: AttentionLayerKind
+    max_seqlen_q: int  # one query length of each distinct tile config
+    split_kv: bool  # the split-KV kernel and its merge
+
+
+def paged_attention_warmup_keys(
+    layer: AttentionLayerKind, max_model_len: int, info: DeviceInfo
+) -> list[PagedAttentionKey]:
+    """One key per kernel variant the layer can launch: each tile config (decode and verify
+    lengths 1..16, prefill beyond), with and without split-KV where the plan can split it."""
+    keys, configs = [], set()
+    gqa = layer.num_q_heads // layer.num_kv_heads
+    head_pad = 1 << (layer.head_size - 1).bit_length()
+    kv_elem = torch.empty((), dtype=layer.kv_dtype).element_size()
+    q_elem = torch.empty((), dtype=layer.q_dtype).element_size()
+    for q_len in range(1, SPLIT_KV_MAX_QUERY_LEN + 2):
+        cfg = select_config(
+            info,
+            head_k_pad=head_pad,
+            head_v_pad=head_pad,
+            gqa=gqa,
+            max_seqlen_q=q_len,
+            kv_elem=kv_elem,
+            q_elem=q_elem,
+        )
+        if cfg in configs:
+            continue
+        configs.add(cfg)
+        keys.append(PagedAttentionKey(layer, q_len, split_kv=False))
+        # A one-request launch asks for the most splits; a query longer than the tile's
+        # query block never splits.
+        can_split = q_len <= cfg.block_q and (
+            plan_split_kv(q_len, q_len, max_model_len, layer.num_kv_heads, info) > 1
+        )
+        if can_split:
+            keys.append(PagedAttentionKey(layer, q_len, split_kv=True))
+    return keys
+
+
+def launch_paged_attention_warmup(key: PagedAttentionKey, device: torch.device) -> None:
+    """Run one launch of the key's variant on scratch (one request of a few pages)."""
+    layer = key.layer
+    q_len, bs = key.max_seqlen_q, layer.block_size
+    seq_len = q_len + bs  # some cached context before the queries
+    pages = -(-seq_len // bs)
+    # vLLM's layout: [num_blocks, num_kv_heads, block_size, 2 * head_size], K and V views.
+    storage = torch.uint8 if layer.kv_dtype.itemsize == 1 else layer.kv_dtype
+    kv = torch.zeros(
+        (pages + 1, layer.num_kv_heads, bs, 2 * layer.head_size), dtype=storage, device=device
+    ).view(layer.kv_dtype)
+    key_cache, value_cache = kv.transpose(1, 2).split(layer.head_size, dim=-1)
+    q = torch.zeros((q_len, layer.num_q_heads, layer.head_size), dtype=layer.q_dtype, device=device)
+    fp8 = layer.kv_dtype.itemsize == 1
+    scale = torch.ones(1, dtype=torch.float32, device=device) if fp8 else None
+    int32 = {"dtype": torch.int32, "device": device}
+    paged_attention(
+        q,
+        key_cache,
+        value_cache,
+        torch.empty_like(q),
+        torch.tensor([0, q_len], **int32),
+        torch.tensor([seq_len], **int32),
+        torch.arange(1, pages + 1, **int32).view(1, pages),
+        max_seqlen_q=q_len,
+        max_seqlen_k=seq_len,
+        softmax_scale=1.0 / math.sqrt(layer.head_size),
+        causal=layer.causal,
+        sliding_window=layer.sliding_window,
+        sinks=(
+            torch.zeros(layer.num_q_heads, dtype=torch.float32, device=device)
+            if layer.has_sinks
+            else None
+        ),
+        softcap=layer.softcap,
+        k_scale=scale,
+        v_scale=scale,
+        num_splits=2 if key.split_kv else 1,
+    )
+
+
+class PagedAttentionWarmup(VllmJitKernel[PagedAttentionKey]):
+    """BWX_ATTN's `_paged_attn_kernel` (and split-KV merge) variants of each layer kind."""
+
+    CompileKey = PagedAttentionKey
+
+    def get_warmup_keys(
+        self, *, layer: AttentionLayerKind, max_model_len: int, info: DeviceInfo
+    ) -> list[PagedAttentionKey]:
+        return paged_attention_warmup_keys(layer, max_model_len, info)
+
+    def compile(self, compile_key: PagedAttentionKey) -> None:
+        launch_paged_attention_warmup(compile_key, _current_cuda_device())
+
+
+@dataclass(frozen=True)
+class MlaGatherKey:
+    """What BWX_MLA's context gather specialises on (`gather_and_maybe_dequant_cache`)."""
+
+    cache_dtype: torch.dtype  # the cache's storage dtype (uint8 for fp8)
+    kv_cache_dtype: str  # vLLM's name of it ("auto", "fp8", ...)
+    out_dtype: torch.dtype
+    latent_width: int
+    block_size: int
+
+
+def launch_mla_gather_warmup(key: MlaGatherKey, device: torch.device) -> None:
+    """Gather one request's context of two pages (with a start offset, as chunks have)."""
+    bs = key.block_size
+    cache = torch.zeros((3, bs, key.latent_width), dtype=key.cache_dtype, device=device)
+    rows = 2 * bs
+    dst = torch.empty((rows, key.latent_width), dtype=key.out_dtype, device=device)
+    int32 = {"dtype": torch.int32, "device": device}
+    gather_and_maybe_dequant_cache(
+        cache,
+        dst,
+        torch.tensor([[1, 2]], **int32),
+        torch.tensor([0, rows], **int32),
+        torch.zeros(rows, **int32),
+        rows,
+        key.kv_cache_dtype,
+        torch.ones(1, dtype=torch.float32, device=device),
+        torch.zeros(1, **int32),
+    )
+
+
+class MlaGatherWarmup(VllmJitKernel[MlaGatherKey]):
+    """The context-gather kernel of chunked MLA prefill, for the engine's cache."""
+
+    CompileKey = MlaGatherKey
+
+    def get_warmup_keys(self, *, key: MlaGatherKey) -> list[MlaGatherKey]:
+        return [key]
+
+    def compile(self, compile_key: MlaGatherKey) -> None:
+        launch_mla_gather_warmup(compile_key, _current_cuda_device())
+
+
+# The registry keys registrations by kernel object: one instance each, for every builder.
+PAGED_ATTENTION_WARMUP = PagedAttentionWarmup()
+MLA_GATHER_WARMUP = MlaGatherWarmup()

@@ -1,0 +1,163 @@
+"""Our kernels join vLLM 0.32's JIT warm-up: which variants a layer registers, and that
+vLLM's own registry compiles them by launching our kernels (here under TRITON_INTERPRET=1).
+
+On a GPU engine the proof is the JIT monitor staying silent about our kernels while serving
+(tests/gpu_e2e); here the host side is checked: the keys, the builder's registration through
+vLLM's registry, and that each warm-up launch runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from vllm.config import CacheConfig, ModelConfig, VllmConfig  # noqa: E402
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase  # noqa: E402
+from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
+
+from vllm_blackwell_ext.attention import bwx_attn, jit_warmup  # noqa: E402
+from vllm_blackwell_ext.attention.bwx_attn import (  # noqa: E402
+    BwxAttentionBackend,
+    BwxAttentionImpl,
+    BwxAttentionMetadataBuilder,
+)
+from vllm_blackwell_ext.kernels.device import DeviceInfo  # noqa: E402
+from vllm_blackwell_ext.kernels.paged_attention_configs import (  # noqa: E402
+    plan_split_kv,
+    select_config,
+)
+
+H200 = DeviceInfo("NVIDIA H200", (9, 0), num_sms=132, smem_per_block=232_448)
+QWEN3_8B = jit_warmup.AttentionLayerKind(
+    q_dtype=torch.bfloat16,
+    kv_dtype=torch.bfloat16,
+    num_q_heads=32,
+    num_kv_heads=8,
+    head_size=128,
+    block_size=16,
+    causal=True,
+    sliding_window=None,
+    has_sinks=False,
+    softcap=0.0,
+)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("gqa", [1, 4, 16])
+def test_warmup_keys_cover_every_tile_config_a_launch_can_pick(kv_dtype, gqa):
+    layer = jit_warmup.AttentionLayerKind(
+        **{**QWEN3_8B.__dict__, "kv_dtype": kv_dtype, "num_q_heads": 8 * gqa}
+    )
+    keys = jit_warmup.paged_attention_warmup_keys(layer, 32768, H200)
+
+    def config(q_len: int):
+        return select_config(
+            H200,
+            head_k_pad=128,
+            head_v_pad=128,
+            gqa=gqa,
+            max_seqlen_q=q_len,
+            kv_elem=kv_dtype.itemsize,
+        )
+
+    launched = {config(q) for q in range(1, 4097)}
+    assert {config(k.max_seqlen_q) for k in keys} == launched
+    assert len({(k.max_seqlen_q, k.split_kv) for k in keys}) == len(keys)
+    for key in keys:
+        splits = plan_split_kv(key.max_seqlen_q, key.max_seqlen_q, 32768, 8, H200)
+        fits_one_block = key.max_seqlen_q <= config(key.max_seqlen_q).block_q
+        has_split_twin = any(k.split_kv and k.max_seqlen_q == key.max_seqlen_q for k in keys)
+        assert has_split_twin == (splits > 1 and fits_one_block), key
+    # Decode at B=1 splits on an H200 at any useful context: both variants are warmed.
+    assert [k.split_kv for k in keys if k.max_seqlen_q == 1] == [False, True]
+
+
+class _Layer(AttentionLayerBase):
+    """What the builder reads of vLLM's Attention layers: the impl and DFlash's overrides."""
+
+    def __init__(self, impl: BwxAttentionImpl, **overrides) -> None:
+        self.impl = impl
+        for name, value in overrides.items():
+            setattr(self, name, value)
+
+    def get_attn_backend(self):
+        return BwxAttentionBackend
+
+    def get_kv_cache_spec(self, vllm_config):
+        raise NotImplementedError
+
+
+@pytest.fixture()
+def vllm_config(tmp_path):
+    from transformers import Qwen3Config
+
+    Qwen3Config(
+        hidden_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=256,
+        vocab_size=512,
+        max_position_embeddings=4096,
+    ).save_pretrained(tmp_path)
+    model_config = ModelConfig(
+        model=str(tmp_path), skip_tokenizer_init=True, dtype=torch.bfloat16, max_model_len=4096
+    )
+    return VllmConfig(model_config=model_config, cache_config=CacheConfig(block_size=16))
+
+
+def test_builder_registers_each_layer_kind_once_and_vllm_warmup_launches_them(
+    vllm_config, monkeypatch
+):
+    full = BwxAttentionImpl(4, 64, 0.125, 2)
+    window = BwxAttentionImpl(4, 64, 0.125, 2, sliding_window=32)
+    layers = {
+        "l0": _Layer(full),
+        "l1": _Layer(BwxAttentionImpl(4, 64, 0.125, 2)),  # same kind as l0
+        "l2": _Layer(window),
+        "draft": _Layer(full, bwx_causal=False, bwx_sliding_window=None),
+    }
+    vllm_config.compilation_config.static_forward_context.update(layers)
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+    # The builder registers only on CUDA; here the registry's compile step runs our launch
+    # on the CPU (interpreter) instead of the GPU, everything else is vLLM's own path.
+    monkeypatch.setattr(bwx_attn.current_platform, "is_cuda", lambda: True)
+    launched = []
+
+    def compile_on_cpu(key):
+        jit_warmup.launch_paged_attention_warmup(key, torch.device("cpu"))
+        launched.append(key)
+
+    monkeypatch.setattr(jit_warmup.PAGED_ATTENTION_WARMUP, "compile", compile_on_cpu)
+    registry = JitWarmupRegistry(vllm_config)
+    with registry.activate():
+        BwxAttentionMetadataBuilder(spec, list(layers), vllm_config, "cpu")
+    assert len(registry) == 3  # full causal, windowed causal, full non-causal
+    registry.warmup()
+    kinds = {(k.layer.causal, k.layer.sliding_window) for k in launched}
+    assert kinds == {(True, None), (True, 32), (False, None)}
+    assert any(k.split_kv for k in launched) and any(k.max_seqlen_q > 16 for k in launched)
+
+
+def test_nothing_is_registered_off_cuda(vllm_config):
+    vllm_config.compilation_config.static_forward_context["l0"] = _Layer(
+        BwxAttentionImpl(4, 64, 0.125, 2)
+    )
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+    registry = JitWarmupRegistry(vllm_config)
+    with registry.activate():
+        BwxAttentionMetadataBuilder(spec, ["l0"], vllm_config, "cpu")
+    assert len(registry) == 0
+
+
+@pytest.mark.parametrize(
+    "cache_dtype, kv_cache_dtype", [(torch.bfloat16, "auto"), (torch.uint8, "fp8")]
+)
+def test_mla_gather_warmup_launch_runs_on_scratch(cache_dtype, kv_cache_dtype):
+    key = jit_warmup.MlaGatherKey(cache_dtype, kv_cache_dtype, torch.bfloat16, 576, 16)
+    assert jit_warmup.MLA_GATHER_WARMUP.get_warmup_keys(key=key) == [key]
+    jit_warmup.launch_mla_gather_warmup(key, torch.device("cpu"))
