@@ -56,7 +56,12 @@ from vllm.v1.attention.backend import (
 )
 
 import vllm_blackwell_ext.ops  # noqa: F401  (registers torch.ops.vllm_blackwell_ext.*)
-from vllm_blackwell_ext.attention.jit_warmup import MLA_GATHER_WARMUP, MlaGatherKey
+from vllm_blackwell_ext.attention.jit_warmup import (
+    MLA_DECODE_WARMUP,
+    MLA_GATHER_WARMUP,
+    MlaDecodeKind,
+    MlaGatherKey,
+)
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
 from vllm_blackwell_ext.kernels.mla_decode import (
     MlaDecodeWorkspace,
@@ -153,6 +158,18 @@ class BwxMLAMetadataBuilder(MLACommonMetadataBuilder[BwxMLAMetadata]):
         self._longest_local_context = self._local_len_bound(self.model_config.max_model_len)
         self._decode_scratch = self._allocate_decode_scratch()
         if current_platform.is_cuda():
+            MLA_DECODE_WARMUP.register_warmup(
+                kind=MlaDecodeKind(
+                    q_dtype=self.model_config.dtype,
+                    kv_dtype=self._kv_dtype,
+                    num_heads=self._decode_heads,
+                    kv_lora_rank=self.mla_dims.kv_lora_rank,
+                    block_size=kv_cache_spec.block_size,
+                    has_lse=self.dcp_world_size > 1,
+                ),
+                max_query_len=self.reorder_batch_threshold,
+                info=self._device_info,
+            )
             # Chunked prefill reads cached context through our gather op: compile it now.
             MLA_GATHER_WARMUP.register_warmup(
                 key=MlaGatherKey(

@@ -2,8 +2,9 @@
 
 vLLM's warm-up runs tiny batches through the model (2-token prompts, CUDA-graph capture of
 decode shapes), so without this a kernel variant only those batches miss (the prefill tiles,
-the context gather of chunked MLA prefill) compiles at the first request that needs it: about
-a second of an H200 in the middle of serving, which vLLM's JIT monitor then reports.
+the one-split MLA decode of short eager batches, the context gather of chunked MLA prefill)
+compiles at the first request that needs it: about a second of an H200 in the middle of
+serving, which vLLM's JIT monitor then reports.
 
 The metadata builders register these warm-ups with vLLM 0.32's `JitWarmupRegistry` (active
 while the runner builds them); the registry expands each registration to compile keys and
@@ -22,6 +23,8 @@ from vllm.model_executor.warmup.jit_warmup import VllmJitKernel
 
 from vllm_blackwell_ext.kernels.device import DeviceInfo
 from vllm_blackwell_ext.kernels.kv_gather import gather_and_maybe_dequant_cache
+from vllm_blackwell_ext.kernels.mla_decode import SUPPORTED_LATENT, mla_decode
+from vllm_blackwell_ext.kernels.mla_decode_configs import get_mla_decode_config
 from vllm_blackwell_ext.kernels.paged_attention import paged_attention
 from vllm_blackwell_ext.kernels.paged_attention_configs import (
     SPLIT_KV_MAX_QUERY_LEN,
@@ -189,6 +192,84 @@ class MlaGatherWarmup(VllmJitKernel[MlaGatherKey]):
         launch_mla_gather_warmup(compile_key, _current_cuda_device())
 
 
+@dataclass(frozen=True)
+class MlaDecodeKind:
+    """What BWX_MLA's decode launches specialise on, besides the query length."""
+
+    q_dtype: torch.dtype
+    kv_dtype: torch.dtype  # as the kernel reads it: the model dtype or float8_e4m3fn
+    num_heads: int
+    kv_lora_rank: int
+    block_size: int
+    has_lse: bool
+
+
+@dataclass(frozen=True)
+class MlaDecodeKey:
+    kind: MlaDecodeKind
+    query_len: int  # one query length of each distinct row tile
+    single_split: bool  # the one-split kernel, or the split kernel and its merge
+
+
+def mla_decode_warmup_keys(
+    kind: MlaDecodeKind, max_query_len: int, info: DeviceInfo
+) -> list[MlaDecodeKey]:
+    """Both split variants of each row-tile config decode lengths 1..max_query_len reach: a
+    captured graph fixes one split plan per batch size, eager mixed batches plan either."""
+    keys, configs = [], set()
+    kv_tag = "fp8" if kind.kv_dtype == torch.float8_e4m3fn else "bf16"
+    for query_len in range(1, max_query_len + 1):
+        cfg = get_mla_decode_config(info.device_class, kv_tag, query_len * kind.num_heads)
+        if cfg not in configs:
+            configs.add(cfg)
+            keys += [MlaDecodeKey(kind, query_len, single) for single in (True, False)]
+    return keys
+
+
+def launch_mla_decode_warmup(key: MlaDecodeKey, device: torch.device) -> None:
+    """One request of `query_len` tokens over two pages of scratch cache."""
+    kind, q_len = key.kind, key.query_len
+    width = kind.kv_lora_rank + SUPPORTED_LATENT[kind.kv_lora_rank]
+    int32 = {"dtype": torch.int32, "device": device}
+    fp8 = kind.kv_dtype == torch.float8_e4m3fn
+    cache = torch.zeros(
+        (3, kind.block_size, width), dtype=torch.uint8 if fp8 else kind.kv_dtype, device=device
+    ).view(kind.kv_dtype)
+    q = torch.zeros((q_len, kind.num_heads, width), dtype=kind.q_dtype, device=device)
+    mla_decode(
+        q,
+        cache,
+        torch.tensor([[1, 2]], **int32),
+        torch.tensor([kind.block_size + q_len], **int32),
+        torch.empty((q_len, kind.num_heads, kind.kv_lora_rank), dtype=kind.q_dtype, device=device),
+        softmax_scale=1.0 / math.sqrt(width),
+        kv_lora_rank=kind.kv_lora_rank,
+        query_len=q_len,
+        k_scale=torch.ones(1, dtype=torch.float32, device=device) if fp8 else None,
+        lse_out=(
+            torch.empty((q_len, kind.num_heads), dtype=torch.float32, device=device)
+            if kind.has_lse
+            else None
+        ),
+        num_splits=1 if key.single_split else 2,
+    )
+
+
+class MlaDecodeWarmup(VllmJitKernel[MlaDecodeKey]):
+    """BWX_MLA's decode split kernel (one split and many) and merge, per row tile."""
+
+    CompileKey = MlaDecodeKey
+
+    def get_warmup_keys(
+        self, *, kind: MlaDecodeKind, max_query_len: int, info: DeviceInfo
+    ) -> list[MlaDecodeKey]:
+        return mla_decode_warmup_keys(kind, max_query_len, info)
+
+    def compile(self, compile_key: MlaDecodeKey) -> None:
+        launch_mla_decode_warmup(compile_key, _current_cuda_device())
+
+
 # The registry keys registrations by kernel object: one instance each, for every builder.
 PAGED_ATTENTION_WARMUP = PagedAttentionWarmup()
 MLA_GATHER_WARMUP = MlaGatherWarmup()
+MLA_DECODE_WARMUP = MlaDecodeWarmup()

@@ -51,7 +51,11 @@ def _store_rows(PTR, row_off, offs_c, vals, row_ok):
 
 
 # Per-batch ints are not specialised on: a new batch shape never recompiles.
-@triton.jit(do_not_specialize=["query_len", "num_splits", "num_row_groups"])
+# The split count and what follows from it (the partial-LSE strides: heads x splits, splits)
+# change from batch to batch in eager mixed batches: runtime values, never a new compile.
+@triton.jit(
+    do_not_specialize=["query_len", "num_splits", "num_row_groups", "stride_lt", "stride_lh"]
+)
 def _mla_decode_split_kernel(
     Q,  # [T, H, R + P]
     KV,  # paged cache, element (page, slot, d) at page*stride_kv_page + slot*stride_kv_tok + d
@@ -233,7 +237,7 @@ def _mla_decode_split_kernel(
     _store_rows(dst, row_off + 3 * DC, offs_c, acc3 * inv_l[:, None], row_ok)
 
 
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit(do_not_specialize=["num_splits", "stride_lt", "stride_lh"])
 def _mla_decode_merge_kernel(
     O_PART,  # fp32 [T, H, S, R]
     L_PART,  # fp32 [T, H, S]
