@@ -3,9 +3,9 @@
 Each engine runs in its own process with vLLM's defaults (torch.compile, CUDA graphs), on a
 model of a real architecture with dummy weights (`load_format="dummy"`: nothing downloaded),
 and is driven offline as `vllm bench throughput` does: a batch of B prompts of P random tokens
-generating N tokens each, ignoring EOS. Each case runs twice on different prompts (no prefix
-cache hits); the second run is timed, so compilation at first use stays out of the figures,
-and Triton compilations during the timed run are counted (a new batch shape must never
+generating N tokens each, ignoring EOS. Each case runs once untimed, then `--repeats` times
+timed, on new prompts each time (no prefix cache hits), and reports the medians; Triton
+compilations during the timed runs are counted (a new batch shape must never
 compile mid-serving). Reported per case: output tokens/s (higher is better), median time to
 first token and median inter-token latency (lower is better), ours against each peer.
 
@@ -103,13 +103,13 @@ def _prompts(seed: int, batch: int, length: int, vocab: int) -> list[dict[str, l
 
 
 # vLLM's JIT monitor (jit_monitor_verbose=True) logs every kernel compiled after warm-up with
-# this text; the driver brackets each timed run with markers in the same log.
+# this text; the driver brackets the timed runs of each case with markers in the same log.
 JIT_WARNING = "JIT compilation during inference"
 TIMED_START, TIMED_END = "[bench_engine] timed run starts", "[bench_engine] timed run ends"
 
 
 def _count_jit_in_timed_runs(log: str) -> list[int]:
-    """Compilations vLLM's JIT monitor reported inside each timed run, in case order."""
+    """Compilations vLLM's JIT monitor reported inside the timed runs of each case, in order."""
     counts, inside = [], False
     for line in log.splitlines():
         if TIMED_START in line:
@@ -130,27 +130,8 @@ def _profiled_run(llm, sampling, batch: int, prompt_len: int, vocab: int, out: P
     llm.stop_profile()
 
 
-def _timed_case(
-    llm,
-    sampling_cls,
-    batch: int,
-    prompt_len: int,
-    out_len: int,
-    vocab: int,
-    profile_dir: Path | None = None,
-) -> dict:
-    sampling = sampling_cls(max_tokens=out_len, temperature=0.0, ignore_eos=True)
-    started = time.perf_counter()
-    llm.generate(_prompts(1, batch, prompt_len, vocab), sampling, use_tqdm=False)
-    warm_s = time.perf_counter() - started
-    print(TIMED_START, flush=True)
-    started = time.perf_counter()
-    outputs = llm.generate(_prompts(2, batch, prompt_len, vocab), sampling, use_tqdm=False)
-    wall = time.perf_counter() - started
-    time.sleep(0.5)  # let the engine core's log lines of this run land before the marker
-    print(TIMED_END, flush=True)
-    if profile_dir is not None:
-        _profiled_run(llm, sampling, batch, prompt_len, vocab, profile_dir)
+def _run_figures(outputs, batch: int, out_len: int, wall: float) -> dict[str, float | None]:
+    """Output tokens/s of one run, and its median TTFT and inter-token latency (ms)."""
     ttft, itl = [], []
     for out in outputs:
         m = out.metrics
@@ -160,14 +141,51 @@ def _timed_case(
             if n > 1:
                 itl.append((m.last_token_ts - m.first_token_ts) / (n - 1) * 1e3)
     return {
+        "tokens_per_s": batch * out_len / wall,
+        "wall_s": wall,
+        "ttft_ms": statistics.median(ttft) if ttft else None,
+        "itl_ms": statistics.median(itl) if itl else None,
+    }
+
+
+def _median(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.median(kept) if kept else None
+
+
+def _timed_case(
+    llm,
+    sampling_cls,
+    batch: int,
+    prompt_len: int,
+    out_len: int,
+    vocab: int,
+    repeats: int = 1,
+    profile_dir: Path | None = None,
+) -> dict:
+    """A warm run, then `repeats` timed runs (new prompts each); each figure is the median
+    over the timed runs (a run of a few hundred milliseconds varies by ~20% alone)."""
+    sampling = sampling_cls(max_tokens=out_len, temperature=0.0, ignore_eos=True)
+    started = time.perf_counter()
+    llm.generate(_prompts(1, batch, prompt_len, vocab), sampling, use_tqdm=False)
+    warm_s = time.perf_counter() - started
+    print(TIMED_START, flush=True)
+    runs = []
+    for seed in range(2, 2 + repeats):
+        started = time.perf_counter()
+        outputs = llm.generate(_prompts(seed, batch, prompt_len, vocab), sampling, use_tqdm=False)
+        runs.append(_run_figures(outputs, batch, out_len, time.perf_counter() - started))
+    time.sleep(0.5)  # let the engine core's log lines of these runs land before the marker
+    print(TIMED_END, flush=True)
+    if profile_dir is not None:
+        _profiled_run(llm, sampling, batch, prompt_len, vocab, profile_dir)
+    return {
         "batch": batch,
         "prompt_len": prompt_len,
         "out_len": out_len,
-        "tokens_per_s": batch * out_len / wall,
-        "wall_s": wall,
+        **{key: _median([r[key] for r in runs]) for key in runs[0]},
         "first_run_s": warm_s,
-        "ttft_ms": statistics.median(ttft) if ttft else None,
-        "itl_ms": statistics.median(itl) if itl else None,
+        "runs": runs,
     }
 
 
@@ -205,7 +223,14 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
     batches = [case[0] for case in spec["cases"]]
     profiled = batches.index(spec["profile_batch"]) if spec.get("profile_batch") in batches else -1
     cases = [
-        _timed_case(llm, SamplingParams, *case, vocab, profile_dir if i == profiled else None)
+        _timed_case(
+            llm,
+            SamplingParams,
+            *case,
+            vocab,
+            spec.get("repeats", 1),
+            profile_dir if i == profiled else None,
+        )
         for i, case in enumerate(spec["cases"])
     ]
     llm.llm_engine.engine_core.shutdown()
@@ -235,13 +260,13 @@ def _run_engine_process(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     return result
 
 
-def _keep_profile(profile_dir: Path, dest: Path, slug: str) -> None:
+def _keep_profile(profile_dir: Path, dest: Path, name: str) -> None:
     """Copy the engine's per-kernel time table (the trace itself stays in the workdir)."""
     tables = sorted(profile_dir.glob("*.profiler_out.txt"))
     if tables:
         dest.mkdir(parents=True, exist_ok=True)
-        (dest / f"{slug}.txt").write_text(tables[0].read_text())
-        print(f"[bench_engine] profile of {slug}: {dest / f'{slug}.txt'}", flush=True)
+        (dest / f"{name}.txt").write_text(tables[0].read_text())
+        print(f"[bench_engine] profile: {dest / f'{name}.txt'}", flush=True)
 
 
 def _case_name(case: dict[str, Any]) -> str:
@@ -295,11 +320,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="three small cases")
     parser.add_argument("--only", default="", help="comma-separated engine labels to run")
     parser.add_argument(
+        "--repeats", type=int, default=3, help="timed runs per case (figures are their median)"
+    )
+    parser.add_argument(
         "--profile-batch",
         type=int,
         metavar="B",
-        help="after the timed run of the first case of batch B, run it once more under vLLM's "
-        "torch profiler; per-kernel GPU times go to <out-dir>/profiles/<engine>.txt",
+        help="after the timed runs of the first case of batch B, run it once more under vLLM's "
+        "torch profiler; per-kernel GPU times go to <out-dir>/profiles/",
     )
     parser.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     parser.add_argument(
@@ -340,8 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     arch = config["architectures"][0]
     setup = (
         f"Model: {arch} shapes, {args.layers} layers, dummy weights, bf16; vLLM defaults "
-        f"(torch.compile, CUDA graphs; capture sizes {CAPTURE_SIZES}); each case timed on its "
-        "second run (new prompts)."
+        f"(torch.compile, CUDA graphs; capture sizes {CAPTURE_SIZES}); each case: one untimed "
+        f"run, then the median of {args.repeats} timed runs (new prompts each)."
     )
     results: list[dict[str, Any]] = []
     for label, backend, kv_dtype in progress(engines, desc="engines"):
@@ -354,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             "model": str(model),
             "vocab": config["vocab_size"],
             "cases": cases,
+            "repeats": args.repeats,
         }
         if args.profile_batch is not None:
             spec["profile_batch"] = args.profile_batch
@@ -361,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         result = _run_engine_process(spec, workdir)
         if args.profile_batch is not None:
-            _keep_profile(Path(spec["profile_dir"]), Path(args.out_dir) / "profiles", slug)
+            name = f"{gpu_slug()}-{op}-{slug}-B{args.profile_batch}"
+            _keep_profile(Path(spec["profile_dir"]), Path(args.out_dir) / "profiles", name)
         print(f"[bench_engine] {label}: {time.perf_counter() - started:.0f} s", flush=True)
         results.append({**result, "command": command})
         # Written after every engine, so a run cut short keeps what finished.
