@@ -8,6 +8,7 @@ import importlib
 import json
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,9 @@ from vllm_blackwell_ext._registration import (
     SUPPORTED_VLLM_SERIES,
     installed_vllm_version,
     is_supported_vllm,
+    parse_cpu_override,
 )
+from vllm_blackwell_ext.dflash.registration import takeover_enabled
 from vllm_blackwell_ext.host_cpu import cpu_summary, cpu_summary_line
 
 BENCHES = {
@@ -27,6 +30,8 @@ BENCHES = {
     "dflash-step": "vllm_blackwell_ext.bench.dflash_step",
     "dflash": "vllm_blackwell_ext.bench.dflash",  # acceptance of a tiny trained pair (CPU too)
 }
+# vLLM loads only the plugins this comma list names, when it is set (even to "").
+PLUGIN_FILTER_ENV = "VLLM_PLUGINS"
 DEFAULT_DEMO_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-bwx"
 
 
@@ -45,6 +50,51 @@ def _entry_point_found() -> bool:
         ep.value == "vllm_blackwell_ext:register"
         for ep in entry_points(group="vllm.general_plugins")
     )
+
+
+def _plugin_names() -> list[str]:
+    """Names vLLM knows this plugin by (its `vllm.general_plugins` entry points)."""
+    from importlib.metadata import entry_points
+
+    return [
+        ep.name
+        for ep in entry_points(group="vllm.general_plugins")
+        if ep.value == "vllm_blackwell_ext:register"
+    ]
+
+
+def environment_report(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """(problems, warnings) the environment causes, each one report line naming the variable.
+
+    A problem stops the plugin (vLLM then refuses the BWX_* backends); a warning names a
+    setting that works here but fails in the engine it is meant for.
+    """
+    problems, warnings = [], []
+    if PLUGIN_FILTER_ENV in env:
+        allowed = env[PLUGIN_FILTER_ENV].split(",")
+        names = _plugin_names() or ["blackwell_ext"]
+        if not set(names) & set(allowed):
+            problems.append(
+                f"{PLUGIN_FILTER_ENV}={env[PLUGIN_FILTER_ENV]!r} does not name this plugin "
+                f"({names[0]!r}): vLLM never calls its register(), and then refuses BWX_ATTN / "
+                f"BWX_MLA as unknown backends; add {names[0]!r} to the list or unset it"
+            )
+    try:
+        cpu_overrides = parse_cpu_override(env.get(CPU_OVERRIDE_ENV))
+    except ValueError as exc:
+        problems.append(str(exc))
+        cpu_overrides = ()
+    try:
+        takeover_enabled(env)
+    except ValueError as exc:
+        problems.append(str(exc))
+    if cpu_overrides and env.get("TRITON_INTERPRET") != "1":
+        warnings.append(
+            f"{CPU_OVERRIDE_ENV}={env[CPU_OVERRIDE_ENV]!r} without TRITON_INTERPRET=1: a CPU "
+            "engine then finds no Triton driver for our kernels and stops ('0 active "
+            "drivers'); the CPU path runs them under TRITON_INTERPRET=1"
+        )
+    return problems, warnings
 
 
 def _device_report() -> dict[str, Any]:
@@ -98,7 +148,9 @@ def _ops_report() -> dict[str, Any]:
         return {"available": [], "why": f"{type(exc).__name__}: {exc}"}
 
 
-def doctor_report() -> tuple[dict[str, Any], bool]:
+def doctor_report(env: Mapping[str, str] | None = None) -> tuple[dict[str, Any], bool]:
+    env = os.environ if env is None else env
+    problems, warnings = environment_report(env)
     vllm_version = installed_vllm_version()
     vllm_ok = is_supported_vllm(vllm_version)
     report: dict[str, Any] = {
@@ -110,10 +162,12 @@ def doctor_report() -> tuple[dict[str, Any], bool]:
         "triton": _module_version("triton") or "not installed",
         "entry_point_found": _entry_point_found(),
         "host_cpu": cpu_summary(),
+        "problems": problems,
+        "warnings": warnings,
     }
     registered: dict[str, Any] = {}
     register_error = None
-    if vllm_ok:
+    if vllm_ok and not problems:
         try:
             from vllm_blackwell_ext import register, registered_components
 
@@ -134,8 +188,10 @@ def doctor_report() -> tuple[dict[str, Any], bool]:
         }
         for b in components.BACKENDS
     }
-    report["draft_models"] = components.available_models()
-    can_register = vllm_ok and register_error is None and report["entry_point_found"]
+    report["draft_models"] = components.available_models() if not problems else {}
+    can_register = (
+        vllm_ok and register_error is None and report["entry_point_found"] and not problems
+    )
     return report, can_register
 
 
@@ -166,7 +222,11 @@ def _print_doctor(report: dict[str, Any], ok: bool) -> None:
     reg = report["registered"]
     if not reg:
         why = report.get("register_error") or (
-            "vLLM missing or unsupported" if not report["vllm_supported"] else "nothing"
+            "vLLM missing or unsupported"
+            if not report["vllm_supported"]
+            else "see the problems below"
+            if report["problems"]
+            else "nothing"
         )
         print(f"  (nothing: {why})")
     for name, path in reg.get("backends", {}).items():
@@ -180,6 +240,10 @@ def _print_doctor(report: dict[str, Any], ok: bool) -> None:
     print("\nbackends:")
     for name, info in report["backends"].items():
         print(f"  {name:<9} runs here: {info['runs_here']}")
+    for line in report["problems"]:
+        print(f"\nproblem: {line}")
+    for line in report["warnings"]:
+        print(f"\nwarning: {line}")
     print("\nstatus: " + ("OK" if ok else "the plugin cannot register here"))
 
 
@@ -243,6 +307,7 @@ def _demo(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vllm-bwx", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     doctor = sub.add_parser("doctor", help="what the plugin offers on this machine")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")

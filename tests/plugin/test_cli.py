@@ -42,3 +42,40 @@ def test_doctor_fails_and_says_why_when_the_plugin_cannot_register():
     done = _doctor(env=env)
     assert done.returncode == 1
     assert "BWX_CPU_BACKENDS" in done.stdout and "cannot register" in done.stdout
+
+
+def test_doctor_says_the_plugin_is_off_when_vllm_plugins_leaves_it_out():
+    done = _doctor(env={**os.environ, "VLLM_PLUGINS": ""})
+    assert done.returncode == 1
+    assert "problem: VLLM_PLUGINS=''" in done.stdout and "blackwell_ext" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "env, problem, warning",
+    [
+        ({"VLLM_PLUGINS": ""}, "VLLM_PLUGINS", None),
+        ({"VLLM_PLUGINS": "other,blackwell_ext"}, None, None),
+        ({"BWX_DFLASH": "maybe"}, "BWX_DFLASH", None),
+        ({"BWX_CPU_BACKENDS": "attn,bogus"}, "BWX_CPU_BACKENDS", None),
+        ({"BWX_CPU_BACKENDS": "attn"}, None, "TRITON_INTERPRET=1"),
+        ({"BWX_CPU_BACKENDS": "attn", "TRITON_INTERPRET": "1"}, None, None),
+    ],
+)
+def test_environment_problems_are_report_lines_naming_the_variable(env, problem, warning):
+    from vllm_blackwell_ext.cli import environment_report
+
+    problems, warnings = environment_report(env)
+    assert [problem in line for line in problems] == ([True] if problem else [])
+    assert [warning in line for line in warnings] == ([True] if warning else [])
+
+
+def test_version_flag_prints_the_package_version():
+    from vllm_blackwell_ext import __version__
+
+    done = subprocess.run(
+        [sys.executable, "-m", "vllm_blackwell_ext.cli", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == f"vllm-bwx {__version__}"
