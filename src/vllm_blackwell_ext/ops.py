@@ -10,8 +10,9 @@ Same argument names, order and meaning as vLLM's CUDA ops in ``vllm/_custom_ops.
 caller swaps one for the other. Both write ``dst`` only (declared as ``Tensor(a!) dst``), have
 fake implementations for ``torch.compile``/CUDA-graph tracing, and validate every argument's
 dtype, device and shape before anything is launched (errors name the argument). Index values
-are not read on the host (that would synchronise); ``BWX_DEBUG_BOUNDS=1`` checks them too,
-see `vllm_blackwell_ext.kernels.kv_gather`.
+are not read on the host (that would synchronise): the kernel skips rows whose indices point
+outside the tensors, so bad input never reads or writes out of bounds; ``BWX_DEBUG_BOUNDS=1``
+checks them on the host and raises instead, see `vllm_blackwell_ext.kernels.kv_gather`.
 """
 
 from __future__ import annotations

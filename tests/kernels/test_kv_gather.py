@@ -277,17 +277,36 @@ def test_debug_bounds_mode_rejects_positions_past_the_block_table(device, monkey
         kvk.cp_gather_cache(src, dst, bt, cu, 1, starts)
 
 
-def test_debug_kernel_masks_out_of_range_pages_without_host_check(device):
+@pytest.mark.parametrize("bad_page", [4, 1 << 30, -1, -(1 << 30)])
+def test_kernel_skips_rows_whose_page_is_out_of_range_without_debug_mode(device, bad_page):
+    # Without BWX_DEBUG_BOUNDS nothing is checked on the host: the kernel's own masks must
+    # keep every read inside src_cache (no crash) and leave those rows unwritten.
     src = torch.randn(4, 16, 64, device=device).to(torch.bfloat16)
     dst = torch.full((32, 64), FILL, dtype=torch.bfloat16, device=device)
     cu = torch.tensor([0, 32], dtype=torch.int32, device=device)
-    bt = torch.tensor([[1, 1 << 30]], dtype=torch.int32, device=device)  # second page absurd
+    bt = torch.tensor([[1, bad_page]], dtype=torch.int32, device=device)
     t2s = torch.zeros(32, dtype=torch.int32, device=device)
-    kvk.launch_kv_gather(
-        src, dst, bt, cu, t2s, 32, 1, None, None, debug_bounds=True, host_check=False
-    )
+    kvk.launch_kv_gather(src, dst, bt, cu, t2s, 32, 1, None, None, debug_bounds=False)
     assert torch.equal(dst[:16], src[1])
     assert bool((dst[16:] == FILL).all())
+    raw = torch.full((32, 64), FILL, dtype=torch.bfloat16, device=device)
+    kvk.cp_gather_cache(src, raw, bt, cu, 1)
+    assert torch.equal(raw, dst)
+
+
+def test_kernel_skips_rows_with_bad_sequence_ids_and_positions_without_debug_mode(device):
+    src = torch.randn(4, 16, 64, device=device).to(torch.bfloat16)
+    dst = torch.full((32, 64), FILL, dtype=torch.bfloat16, device=device)
+    cu = torch.tensor([0, 32], dtype=torch.int32, device=device)
+    bt = torch.tensor([[1, 2]], dtype=torch.int32, device=device)
+    t2s = torch.zeros(32, dtype=torch.int32, device=device)
+    t2s[3], t2s[4] = -1, 7  # outside [0, batch)
+    starts = torch.tensor([8], dtype=torch.int32, device=device)  # rows 24.. fall past 2 pages
+    kvk.launch_kv_gather(src, dst, bt, cu, t2s, 32, 1, starts, None, debug_bounds=False)
+    pages = torch.cat([src[1], src[2]])
+    kept = [t for t in range(32) if t not in (3, 4) and t < 24]
+    assert torch.equal(dst[kept], pages[[t + 8 for t in kept]])
+    assert bool((dst[[3, 4, *range(24, 32)]] == FILL).all())
 
 
 def test_entry_pieces_cover_every_column_once():

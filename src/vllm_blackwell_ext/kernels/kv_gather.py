@@ -13,16 +13,13 @@ as power-of-two column pieces (576 = 512 + 64 for MLA), so every row is one cont
 16-byte-vectorised read and the tail piece is issued before the main piece is stored (two loads
 in flight per thread). Dequantization happens in registers. One launch per call, no host sync.
 
-What the fast path assumes (it does not check, to stay capture-safe and sync-free):
-  * ``0 <= token_to_seq[t] < batch`` for every ``t < num_tokens``;
-  * ``cu_seq_lens`` is non-decreasing;
-  * ``0 <= seq_starts[b]`` and ``seq_starts[b] + seq_len_b <= block_table.shape[1] * block_size``;
-  * every block-table entry it reads lies in ``[0, num_blocks)``.
-Rows it writes are always inside ``dst`` (``t < num_tokens <= dst.shape[0]``, or ``t <
-dst.shape[0]`` for ``cp_gather_cache``), whatever the indices hold. With ``BWX_DEBUG_BOUNDS=1``
-the launchers check all four assumptions on the host first (this synchronises) and raise
-``ValueError`` naming the argument, and the kernel additionally masks every index it derives, so
-a bad block-table entry can never make it read outside ``src_cache``.
+Indices are never trusted: the kernel masks every index it derives, so whatever the index
+tensors hold it reads only inside ``src_cache`` and the index tensors and writes only rows
+``t < num_tokens <= dst.shape[0]`` (``t < dst.shape[0]`` for ``cp_gather_cache``). A row whose
+``token_to_seq`` entry lies outside ``[0, batch)``, whose position falls outside its block-table
+row, or whose block-table entry lies outside ``[0, num_blocks)`` is not written. Reporting such
+input as an error needs the indices on the host (a synchronisation): ``BWX_DEBUG_BOUNDS=1``
+makes the launchers check them first and raise ``ValueError`` naming the argument.
 """
 
 from __future__ import annotations
@@ -145,7 +142,6 @@ def _kv_gather_kernel(
     HAS_TOKEN_TO_SEQ: tl.constexpr,
     HAS_SEQ_STARTS: tl.constexpr,
     DEQUANT: tl.constexpr,
-    DEBUG_BOUNDS: tl.constexpr,
     EVICT: tl.constexpr,  # "" or "evict_first", for the streamed rows
 ):
     out_dtype: tl.constexpr = dst_ptr.dtype.element_ty
@@ -154,8 +150,7 @@ def _kv_gather_kernel(
 
     if HAS_TOKEN_TO_SEQ:
         seq = tl.load(token_to_seq_ptr + rows, mask=valid, other=0)
-        if DEBUG_BOUNDS:
-            valid = valid & (seq >= 0) & (seq < batch_size)
+        valid = valid & (seq >= 0) & (seq < batch_size)
     else:
         # cp_gather_cache has no token_to_seq: find b with cu[b] <= t < cu[b+1] by bisection,
         # keeping cu[lo] <= t < cu[hi] (so empty sequences are never chosen).
@@ -179,11 +174,9 @@ def _kv_gather_kernel(
         pos += tl.load(seq_starts_ptr + seq, mask=valid, other=0)
     blk = pos // block_size
     slot = pos - blk * block_size
-    if DEBUG_BOUNDS:
-        valid = valid & (pos >= 0) & (blk < max_blocks_per_seq)
+    valid = valid & (pos >= 0) & (blk < max_blocks_per_seq)
     page = tl.load(block_table_ptr + seq.to(tl.int64) * stride_bt + blk, mask=valid, other=0)
-    if DEBUG_BOUNDS:
-        valid = valid & (page >= 0) & (page < num_blocks)
+    valid = valid & (page >= 0) & (page < num_blocks)
 
     src_row = src_ptr + (page.to(tl.int64) * stride_src_block + slot.to(tl.int64) * stride_src_slot)
     dst_row = dst_ptr + rows.to(tl.int64) * stride_dst_row
@@ -303,7 +296,6 @@ def launch_kv_gather(
     scale: torch.Tensor | None,
     config: GatherConfig | None = None,
     debug_bounds: bool | None = None,
-    host_check: bool = True,
 ) -> None:
     """Launch the gather on already-validated arguments (see `vllm_blackwell_ext.ops`).
 
@@ -311,14 +303,14 @@ def launch_kv_gather(
     rows ``t < num_rows`` (``dst.shape[0]``) are mapped to sequences by bisection of
     ``cu_seq_lens[: batch_size + 1]``. `scale` given means dequantize ``src_cache`` (already
     viewed as its fp8 dtype). Never allocates; one launch, or none when there is nothing to do.
-    `debug_bounds` (default: the environment variable) turns on the host check (unless
-    `host_check` is False, which tests use to reach the kernel's own masking) and the masks.
+    `debug_bounds` (default: the environment variable) checks the indices on the host first
+    and raises on a bad one; without it, rows with bad indices are skipped by the kernel.
     """
     if num_rows <= 0 or batch_size <= 0:
         return
     if debug_bounds is None:
         debug_bounds = debug_bounds_enabled()
-    if debug_bounds and host_check:
+    if debug_bounds:
         check_bounds_on_host(
             src_cache, block_table, cu_seq_lens, token_to_seq, num_rows, batch_size, seq_starts
         )
@@ -353,7 +345,6 @@ def launch_kv_gather(
         HAS_TOKEN_TO_SEQ=token_to_seq is not None,
         HAS_SEQ_STARTS=seq_starts is not None,
         DEQUANT=scale is not None,
-        DEBUG_BOUNDS=debug_bounds,
         EVICT="evict_first" if cfg.evict_first else "",
         num_warps=cfg.num_warps,
     )
