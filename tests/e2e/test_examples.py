@@ -1,0 +1,52 @@
+"""Every example in `examples/` that can run on the CPU runs here, as a user runs it (its own
+process, from the repository root), and prints what its docstring promises."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(script: str, *args: str, tmp_path: Path) -> str:
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}  # tiny checkpoints written here
+    done = subprocess.run(
+        [sys.executable, f"examples/{script}", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return done.stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_offline_generate_serves_every_layer_with_bwx_attn(kv_cache_dtype, tmp_path):
+    out = _run("offline_generate.py", "--kv-cache-dtype", kv_cache_dtype, tmp_path=tmp_path)
+    assert out.count("' -> ' w") == 2, out
+    assert "attention served by: [['BWX_ATTN']]" in out
+
+
+@pytest.mark.e2e
+def test_mla_generate_serves_every_layer_with_bwx_mla(tmp_path):
+    out = _run("mla_generate.py", "--kv-cache-dtype", "fp8", tmp_path=tmp_path)
+    assert "' -> ' w" in out and "attention served by: [['BWX_MLA']]" in out
+
+
+@pytest.mark.e2e
+def test_serve_and_request_gets_a_completion(tmp_path):
+    out = _run("serve_and_request.py", tmp_path=tmp_path)
+    assert "completion of 'w5 w6 w7 w8': ' w" in out
+
+
+def test_gather_op_example_reads_the_pages_back_exactly(tmp_path):
+    out = _run("gather_op.py", tmp_path=tmp_path)
+    assert "from an fp8 cache into torch.bfloat16: exact" in out
