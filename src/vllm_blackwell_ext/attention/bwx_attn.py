@@ -48,6 +48,7 @@ from vllm_blackwell_ext.kernels.paged_attention import (
     paged_attention,
     plan_split_kv,
 )
+from vllm_blackwell_ext.kv_cache_dtypes import FP8_KV_CACHE_DTYPES
 
 # The support matrix. The kernel is specialised on head size (padded to a power of two in
 # registers), so only sizes its configs were checked for are declared.
@@ -58,17 +59,12 @@ BLOCK_SIZE_MULTIPLE = 16
 # is only exercised there (and vLLM's own Triton backend draws the fp8 line at sm89 too).
 MIN_CAPABILITY = DeviceCapability(8, 0)
 MIN_FP8_CAPABILITY = DeviceCapability(8, 9)
-_FP8_KV_DTYPES: dict[str, torch.dtype] = {
-    "fp8": torch.float8_e4m3fn,
-    "fp8_e4m3": torch.float8_e4m3fn,
-    "fp8_e5m2": torch.float8_e5m2,
-}
 _NATIVE_KV_DTYPES: tuple[str, ...] = ("auto", "float16", "bfloat16")
 
 
 def _fp8_dtype_for(kv_cache_dtype: str) -> torch.dtype | None:
     """The float8 dtype a `kv_cache_dtype` string stores, or None for a native cache."""
-    return _FP8_KV_DTYPES.get(kv_cache_dtype)
+    return FP8_KV_CACHE_DTYPES.get(kv_cache_dtype)
 
 
 def _unsupported_reasons(head_size: int, kv_cache_dtype: str | None, attn_type: str) -> list[str]:
@@ -96,7 +92,7 @@ class BwxAttentionBackend(AttentionBackend):
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
     supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = [
         *_NATIVE_KV_DTYPES,
-        *_FP8_KV_DTYPES,
+        *FP8_KV_CACHE_DTYPES,
     ]
     # vLLM calls do_kv_cache_update() before forward(), as for its Triton backend.
     forward_includes_kv_cache_update: bool = False
@@ -143,7 +139,7 @@ class BwxAttentionBackend(AttentionBackend):
         device_capability: DeviceCapability,
     ) -> str | None:
         if (
-            kv_cache_dtype in _FP8_KV_DTYPES
+            kv_cache_dtype in FP8_KV_CACHE_DTYPES
             and device_capability is not None
             and MIN_CAPABILITY <= device_capability < MIN_FP8_CAPABILITY
         ):

@@ -31,16 +31,12 @@ import torch
 import triton
 import triton.language as tl
 
+from ..kv_cache_dtypes import FP8_KV_CACHE_DTYPES
 from .device import device_info
 
 DEBUG_BOUNDS_ENV = "BWX_DEBUG_BOUNDS"
 
-# kv_cache_dtype strings (vLLM's spelling) -> how the cache's bytes are read.
-FP8_KV_CACHE_DTYPES: dict[str, torch.dtype] = {
-    "fp8": torch.float8_e4m3fn,  # vLLM's "fp8" means e4m3 on NVIDIA
-    "fp8_e4m3": torch.float8_e4m3fn,
-    "fp8_e5m2": torch.float8_e5m2,
-}
+# kv_cache_dtype names of caches holding model-dtype values (None: as stored).
 PLAIN_KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
     "auto": None,  # the cache holds model-dtype values; converted to dst's dtype if they differ
     "bfloat16": torch.bfloat16,
@@ -68,7 +64,7 @@ class GatherConfig:
 
 
 # sm90: best geometric mean on the H200 of `vllm-bwx bench kv-gather --tune` (B=8 ctx 32k and
-# B=1 ctx 128k, 2026-12-02); tiles of 8/16 rows were within 1-2%, evict-first hints 2-4% slower,
+# B=1 ctx 128k); tiles of 8/16 rows were within 1-2%, evict-first hints 2-4% slower,
 # 64-wide pieces 25% slower. Other devices: the same shape, untuned (the kernel keeps nothing
 # in shared memory beyond layout conversions, so the 101 KB parts need no change).
 _CONFIGS: dict[str, GatherConfig] = {

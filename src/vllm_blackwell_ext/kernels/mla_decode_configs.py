@@ -43,7 +43,7 @@ ROW_TILES: tuple[int, ...] = (16, 32, 64)
 # tile for P @ V (reload_v). sm90/sm120 entries checked with `tune_mla_decode.py --check`
 # (compiled for that architecture: no spills, shared memory within the class's limit).
 MLA_DECODE_CONFIGS: dict[str, dict[str, dict[int, MlaDecodeConfig]]] = {
-    # Hopper: 227 KiB shared memory. Tuned on an H200 (tune_mla_decode.py --write, 2026-12-02).
+    # Hopper: 227 KiB shared memory. Tuned on an H200 (tune_mla_decode.py --write).
     "sm90": {
         "bf16": {
             16: C(16, 64, 4, 3, 2, 128),
