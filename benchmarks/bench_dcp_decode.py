@@ -31,7 +31,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+sys.path[:0] = [
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"),
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."),  # the DCP oracles in tests/
+]
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -145,8 +148,8 @@ class _Decode:
 
 def bench_rank(rank: int, world_size: int, args: argparse.Namespace, device) -> list[dict]:
     """Every case on this rank; rank 0 returns the rows (as dicts), the others []."""
-    from vllm_blackwell_ext.kernels.dcp_layout import dcp_local_seq_lens
-    from vllm_blackwell_ext.kernels.dcp_merge import dcp_merge
+    from tests.distributed.dcp_layout import dcp_local_seq_lens
+    from tests.distributed.dcp_merge import dcp_merge
 
     rows = []
     for kv in args.kv.split(","):

@@ -44,16 +44,16 @@ from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens  # noqa: E40
 from vllm.v1.attention.ops.dcp import MLADCPManager  # noqa: E402
 from vllm.v1.kv_cache_interface import MLAAttentionSpec  # noqa: E402
 
-from vllm_blackwell_ext.attention.bwx_mla import (  # noqa: E402
-    BwxMLADecodeMetadata,
-    BwxMLAImpl,
-    BwxMLAMetadataBuilder,
-)
-from vllm_blackwell_ext.kernels.dcp_layout import (  # noqa: E402
+from tests.distributed.dcp_layout import (  # noqa: E402
     build_dcp_local_layout,
     dcp_local_position,
     dcp_rank_of,
     interleave_rank_outputs,
+)
+from vllm_blackwell_ext.attention.bwx_mla import (  # noqa: E402
+    BwxMLADecodeMetadata,
+    BwxMLAImpl,
+    BwxMLAMetadataBuilder,
 )
 
 HEADS = 4

@@ -80,18 +80,18 @@ def _close(name: str, got, want, atol: float, rtol: float) -> None:
 
 
 def run_case(case: dict, rank: int, world_size: int, device: torch.device, group) -> dict:
-    from vllm_blackwell_ext import ops
-    from vllm_blackwell_ext.kernels.dcp_layout import (
+    from tests.distributed.dcp_layout import (
         build_dcp_local_layout,
         dcp_local_seq_lens,
         dcp_rank_of,
         interleave_rank_outputs,
     )
-    from vllm_blackwell_ext.kernels.dcp_merge import (
+    from tests.distributed.dcp_merge import (
         all_gather_stacked,
         dcp_merge,
         dcp_merge_reference,
     )
+    from vllm_blackwell_ext import ops
     from vllm_blackwell_ext.kernels.mla_decode import mla_decode
     from vllm_blackwell_ext.reference.kv_gather import gather_and_maybe_dequant_cache_ref
     from vllm_blackwell_ext.reference.mla_decode import mla_decode_reference

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_blackwell_ext.kernels.dcp_merge import correct_attn_out, dcp_merge_reference
+from tests.distributed.dcp_merge import correct_attn_out, dcp_merge_reference
 
 
 def _partials(scores: torch.Tensor, values: torch.Tensor, owner: torch.Tensor, n: int):

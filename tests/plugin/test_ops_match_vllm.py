@@ -8,8 +8,8 @@ import inspect
 import pytest
 import torch
 
+from tests.distributed.dcp_layout import dcp_local_seq_lens
 from vllm_blackwell_ext import ops
-from vllm_blackwell_ext.kernels.dcp_layout import dcp_local_seq_lens
 
 vllm_ops = pytest.importorskip("vllm._custom_ops", reason="needs vLLM")
 vllm_attn_utils = pytest.importorskip("vllm.v1.attention.backends.utils", reason="needs vLLM")

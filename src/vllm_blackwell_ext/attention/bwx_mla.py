@@ -14,7 +14,7 @@ What runs where:
   our raw `cp_gather_cache` only when vLLM asks for an fp8 workspace, i.e. fp8 prefill
   attention), with and without DCP. Under DCP every rank gathers its own
   cache in the padded local layout vLLM's builder planned (`padded_local_cu_seq_lens`,
-  `padded_local_token_to_seq`, local `starts`): the layout `kernels.dcp_layout` builds, which
+  `padded_local_token_to_seq`, local `starts`): the layout the tests' DCP oracle builds, which
   the tests check field by field; reading it from the metadata costs no host work per layer.
   vLLM 0.32 inlines that read in `MLACommonBaseImpl._compute_prefill_context` and
   `_context_parallel_compute_prefill_context`; both are overridden here with one loop that

@@ -12,14 +12,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_blackwell_ext.kernels import kv_gather as kvk
-from vllm_blackwell_ext.kernels.dcp_layout import (
+from tests.distributed.dcp_layout import (
     build_dcp_local_layout,
     dcp_local_position,
     dcp_local_seq_lens,
     dcp_rank_of,
     interleave_rank_outputs,
 )
+from vllm_blackwell_ext.kernels import kv_gather as kvk
 from vllm_blackwell_ext.reference.kv_gather import gather_and_maybe_dequant_cache_ref
 
 I32 = torch.int32
