@@ -9,7 +9,7 @@ z-lab's mixed-layer convention) and the shared LM head scores the 15 masks.
 
 The step is timed as a CUDA-graph replay (as vLLM runs drafts), in bf16 with a bf16 or fp8
 KV cache, at contexts 4k to 128k, twice per case: attention through our kernel, and through
-vLLM 0.32's Triton `unified_attention` (loaded from the wheel via `.peer_tools/peer_shim.py`),
+vLLM 0.32's Triton `unified_attention` (`bench/vllm_peer.py`),
 everything else identical. Also timed: the 5 attention calls alone. Floor: the bytes a step
 must read (weights + visible KV) at the copy bandwidth measured in the same run.
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import sys
 from dataclasses import dataclass
 
@@ -34,6 +33,7 @@ from vllm_blackwell_ext.bench.harness import (
     report,
 )
 from vllm_blackwell_ext.bench.paged_attention import PeerVllm, graph_us
+from vllm_blackwell_ext.bench.vllm_peer import peer_not_run_note
 from vllm_blackwell_ext.kernels.paged_attention import SplitKVWorkspace, paged_attention
 
 H, HQ, HKV, D, INTER, VOCAB = 4096, 32, 8, 128, 12288, 151936
@@ -221,7 +221,9 @@ def run_case(c: StepCase, wts: DraftWeights, ws, peer, copy_gbps: float, dev: st
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", default="benchmarks/results")
-    ap.add_argument("--peer-dir", default=".peer", help="vLLM kernels from extract_peer.sh")
+    ap.add_argument(
+        "--peer-dir", default=".peer", help="vLLM kernels from scripts/fetch_vllm_peer.sh"
+    )
     ap.add_argument("--ctx", default="4096,8192,16384,32768,65536,131072")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -232,11 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     copy_gbps = copy_roofline_gbps(dev)
     print(f"copy roofline: {copy_gbps:.0f} GB/s", flush=True)
     peer = None
-    if os.path.isdir(args.peer_dir):
-        try:
-            peer = PeerVllm(args.peer_dir, dev)
-        except Exception as e:  # bench ours anyway
-            print(f"peer unavailable: {e!r}")
+    peer_notes: list[str] = []
+    try:
+        peer = PeerVllm(args.peer_dir, dev)
+    except Exception as e:  # missing, or the stand-ins lag a newer kernel file: ours anyway
+        peer_notes.append(peer_not_run_note("vLLM unified_attention", f"{type(e).__name__}: {e}"))
+        print(peer_notes[-1], flush=True)
     wts = DraftWeights(dev)
     ws = SplitKVWorkspace.for_device(HQ, HKV, D, device=dev)
     ctxs = [int(x) for x in args.ctx.split(",")]
@@ -266,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         command.strip(),
         args.out_dir,
         notes=[
+            *peer_notes,
             *flat,
             f"copy roofline {copy_gbps:.0f} GB/s; floor = (weights {wts.nbytes() / 1e9:.2f} GB "
             "+ visible KV) / copy bandwidth",

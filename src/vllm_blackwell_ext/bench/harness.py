@@ -227,12 +227,20 @@ def report(
     ]
     print(table)
     print("\n".join(ratio_lines))
+    for note in notes:
+        print(f"- {note}")
     stem = out / f"{gpu}-{op}"
     md = [f"# {op} on {gpu}", "", f"Command: `{command}`", "", table, "", *ratio_lines]
     if notes:
         md += ["", *[f"- {n}" for n in notes]]
     stem.with_suffix(".md").write_text("\n".join(md) + "\n")
-    payload = {"gpu": gpu, "op": op, "command": command, "rows": [asdict(r) for r in rows]}
+    payload = {
+        "gpu": gpu,
+        "op": op,
+        "command": command,
+        "notes": list(notes),
+        "rows": [asdict(r) for r in rows],
+    }
     stem.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
     png = plot_json(stem.with_suffix(".json"), stem.with_suffix(".png"))
     print(f"wrote {stem}.md, {stem}.json" + (f", {png}" if png else ""))

@@ -4,7 +4,7 @@ DeepSeek/Kimi shapes: latent 512 + rope 64, page size 64, pages shuffled. GB/s c
 bytes a case must read (each request's context once, in the cache dtype) per second, against
 the device-to-device copy roofline measured in the same run; TFLOP/s (128 heads) counts
 2 * rows * context * (576 + 512) per call against a bf16 8192^3 matmul measured in the same run.
-The peer `vllm-triton-mla` is vLLM's `decode_attention_fwd` (through `.peer_tools/peer_shim.py`)
+The peer `vllm-triton-mla` is vLLM's `decode_attention_fwd` (`bench/vllm_peer.py`)
 called as vLLM 0.32's `TritonMLAImpl.forward_mqa` calls it: its split-count formula, an fp32
 `attn_logits` scratch of [rows, heads, splits, 513], query rows of a multi-token block
 flattened with per-row causal extents.
@@ -15,7 +15,6 @@ flattened with per-row causal extents.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ from vllm_blackwell_ext.bench.harness import (
     progress,
     report,
 )
+from vllm_blackwell_ext.bench.vllm_peer import load_vllm_peer, peer_not_run_note
 from vllm_blackwell_ext.kernels.device import device_info
 from vllm_blackwell_ext.kernels.mla_decode import (
     MlaDecodeWorkspace,
@@ -155,11 +155,7 @@ class PeerVllm:
     """vLLM 0.32's `decode_attention_fwd`, called as `TritonMLAImpl.forward_mqa` calls it."""
 
     def __init__(self, peer_dir: str) -> None:
-        tools = os.path.join(os.path.dirname(os.path.abspath(peer_dir)), ".peer_tools")
-        sys.path.insert(0, tools)
-        import peer_shim  # type: ignore[import-not-found]
-
-        peer_shim.install(peer_dir)
+        load_vllm_peer(peer_dir)
         from vllm.v1.attention.ops.triton_decode_attention import (  # type: ignore
             decode_attention_fwd,
         )
@@ -279,17 +275,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     dev = "cuda"
     peer = None
+    peer_notes: list[str] = []
     if not args.no_peer:
         try:
             peer = PeerVllm(args.peer_dir)
-        except Exception as e:  # the peer is optional: report without it
-            print(f"peer unavailable ({type(e).__name__}: {e}); running ours only")
+        except Exception as e:  # missing, or the stand-ins lag a newer kernel file: ours anyway
+            peer_notes.append(peer_not_run_note(PEER, f"{type(e).__name__}: {e}"))
+            print(peer_notes[-1], flush=True)
+    else:
+        peer_notes.append(peer_not_run_note(PEER, "--no-peer"))
     roof_gbps = copy_roofline_gbps(dev)
     roof_tflops = matmul_tflops(dev)
     print(f"copy roofline {roof_gbps:.0f} GB/s, bf16 matmul {roof_tflops:.0f} TFLOP/s", flush=True)
     caches = Caches(dev)
     rows: list[Row] = []
     notes: list[str] = [
+        *peer_notes,
         f"copy roofline {roof_gbps:.0f} GB/s; bf16 matmul {roof_tflops:.0f} TFLOP/s",
         "timing: " + ("CUDA-graph replays (as vLLM decodes)" if args.graph else "eager calls"),
     ]

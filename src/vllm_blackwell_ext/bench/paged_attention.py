@@ -4,7 +4,7 @@ Qwen3-8B shapes (32 query heads, 8 KV heads, head 128, block 16), pages shuffled
 the serving shapes that matter: decode (bf16 and fp8 KV), spec-verify and DFlash draft blocks
 (query 8/16, causal and not), the sliding-window draft layer and prefill. GB/s counts the KV
 bytes a case must read (in the cache dtype) per second; the copy roofline is measured in the
-same run. Peers: `vllm-triton-unified` (vLLM's kernel through `.peer_tools/peer_shim.py`,
+same run. Peers: `vllm-triton-unified` (vLLM's kernel via `bench/vllm_peer.py`,
 scratch sized as vLLM's TritonAttentionMetadataBuilder sizes it) and, for prefill, `sdpa`
 (torch SDPA on contiguous K/V, which dispatches to FlashAttention).
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -31,6 +30,7 @@ from vllm_blackwell_ext.bench.harness import (
     progress,
     report,
 )
+from vllm_blackwell_ext.bench.vllm_peer import load_vllm_peer, peer_not_run_note
 from vllm_blackwell_ext.kernels.device import device_info
 from vllm_blackwell_ext.kernels.paged_attention import (
     SplitKVWorkspace,
@@ -134,11 +134,7 @@ class PeerVllm:
     """vLLM 0.32's `unified_attention` with scratch sized like its metadata builder."""
 
     def __init__(self, peer_dir: str, device: str = "cuda") -> None:
-        tools = os.path.join(os.path.dirname(os.path.abspath(peer_dir)), ".peer_tools")
-        sys.path.insert(0, tools)
-        import peer_shim  # type: ignore[import-not-found]
-
-        peer_shim.install(peer_dir)
+        load_vllm_peer(peer_dir)
         from vllm.v1.attention.ops.triton_unified_attention import (  # type: ignore
             unified_attention,
         )
@@ -299,7 +295,9 @@ def run_case(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", default="benchmarks/results")
-    ap.add_argument("--peer-dir", default=".peer", help="vLLM kernels from extract_peer.sh")
+    ap.add_argument(
+        "--peer-dir", default=".peer", help="vLLM kernels from scripts/fetch_vllm_peer.sh"
+    )
     ap.add_argument("--only", default=None, help="run cases whose name contains this")
     ap.add_argument("--sweep", type=float, default=0.0, help="seconds of config sweep after")
     args = ap.parse_args(argv)
@@ -310,11 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     roof = copy_roofline_gbps(dev)
     print(f"copy roofline: {roof:.0f} GB/s", flush=True)
     peer: PeerVllm | None = None
-    if os.path.isdir(args.peer_dir):
-        try:
-            peer = PeerVllm(args.peer_dir, dev)
-        except Exception as e:  # the shim may lag a newer kernel file: bench ours anyway
-            print(f"peer unavailable: {e!r}")
+    peer_notes: list[str] = []
+    try:
+        peer = PeerVllm(args.peer_dir, dev)
+    except Exception as e:  # missing, or the stand-ins lag a newer kernel file: ours anyway
+        peer_notes.append(peer_not_run_note(PEER, f"{type(e).__name__}: {e}"))
+        print(peer_notes[-1], flush=True)
     ws = SplitKVWorkspace.for_device(HQ, HKV, D, device=dev)
     rows: list[Row] = []
     todo = [c for c in cases() if args.only is None or args.only in c.name]
@@ -333,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         command.strip(),
         args.out_dir,
         notes=[
+            *peer_notes,
             f"copy roofline {roof:.0f} GB/s (read + written); GB/s rows count KV bytes read",
             "Qwen3-8B shapes: 32 q heads, 8 KV heads, head 128, block 16, shuffled pages",
             "times are CUDA-graph replays (as vLLM runs decode) for ours and every peer; "

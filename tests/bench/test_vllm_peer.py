@@ -1,0 +1,59 @@
+"""The benchmarks' loader of vLLM's kernel files (`bench/vllm_peer.py`): what it refuses, and
+that a kernel file importing vLLM's modules loads through its stand-ins (a fresh interpreter,
+since the stand-ins take the `vllm` name)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from vllm_blackwell_ext.bench.vllm_peer import FETCH_HINT, PeerMissing, load_vllm_peer
+
+KERNEL_FILE = """
+from vllm.platforms import current_platform
+from vllm.triton_utils import tl, triton
+from vllm.v1.kv_cache_interface import KVQuantMode
+
+@triton.jit
+def _add_one(x_ptr):
+    tl.store(x_ptr, tl.load(x_ptr) + 1)
+
+FP8 = current_platform.fp8_dtype()
+MODE = KVQuantMode.FP8_PER_TENSOR
+"""
+
+
+def test_a_missing_copy_is_refused_with_the_command_that_makes_it(tmp_path):
+    with pytest.raises(PeerMissing, match="fetch_vllm_peer.sh"):
+        load_vllm_peer(str(tmp_path / "nowhere"))
+    assert "fetch_vllm_peer.sh" in FETCH_HINT
+
+
+def test_a_kernel_file_loads_through_the_stand_ins(tmp_path):
+    ops = tmp_path / "vllm" / "v1" / "attention" / "ops"
+    ops.mkdir(parents=True)
+    for d in (tmp_path / "vllm", ops.parent.parent, ops.parent, ops):
+        (d / "__init__.py").write_text("")
+    (ops / "toy_kernel.py").write_text(KERNEL_FILE)
+    script = textwrap.dedent(f"""
+        import sys
+        from vllm_blackwell_ext.bench.vllm_peer import load_vllm_peer
+        load_vllm_peer({str(tmp_path)!r})
+        from vllm.v1.attention.ops.toy_kernel import FP8, MODE, _add_one
+        print(FP8, int(MODE), _add_one.fn.__name__)
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["torch.float8_e4m3fn", "1", "_add_one"]
+
+
+def test_a_process_with_vllm_imported_is_refused(tmp_path):
+    pytest.importorskip("vllm")
+    (tmp_path / "vllm" / "v1" / "attention" / "ops").mkdir(parents=True)
+    with pytest.raises(PeerMissing, match="vLLM is imported"):
+        load_vllm_peer(str(tmp_path))
