@@ -42,23 +42,21 @@ from vllm.v1.attention.backends.utils import get_num_attention_heads_from_layers
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 from vllm_blackwell_ext.attention.jit_warmup import PAGED_ATTENTION_WARMUP, AttentionLayerKind
+from vllm_blackwell_ext.kernels import device as kernel_device
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
 from vllm_blackwell_ext.kernels.paged_attention import (
+    SUPPORTED_HEAD_SIZES,
     SplitKVWorkspace,
     paged_attention,
     plan_split_kv,
 )
 from vllm_blackwell_ext.kv_cache_dtypes import FP8_KV_CACHE_DTYPES
 
-# The support matrix. The kernel is specialised on head size (padded to a power of two in
-# registers), so only sizes its configs were checked for are declared.
-SUPPORTED_HEAD_SIZES: tuple[int, ...] = (64, 80, 96, 128, 192, 256)
+# The support matrix: the kernel's head sizes (SUPPORTED_HEAD_SIZES) and capability floors.
 # Page sizes: any multiple of 16 (the kernel walks pages token-tile by token-tile).
 BLOCK_SIZE_MULTIPLE = 16
-# Triton's fp32 -> fp8e4nv conversion needs sm89; e5m2 is held to the same floor because it
-# is only exercised there (and vLLM's own Triton backend draws the fp8 line at sm89 too).
-MIN_CAPABILITY = DeviceCapability(8, 0)
-MIN_FP8_CAPABILITY = DeviceCapability(8, 9)
+MIN_CAPABILITY = DeviceCapability(*kernel_device.MIN_CAPABILITY)
+MIN_FP8_CAPABILITY = DeviceCapability(*kernel_device.MIN_FP8_CAPABILITY)
 _NATIVE_KV_DTYPES: tuple[str, ...] = ("auto", "float16", "bfloat16")
 
 

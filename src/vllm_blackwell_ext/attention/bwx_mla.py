@@ -62,6 +62,7 @@ from vllm_blackwell_ext.attention.jit_warmup import (
     MlaDecodeKind,
     MlaGatherKey,
 )
+from vllm_blackwell_ext.kernels import device as kernel_device
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
 from vllm_blackwell_ext.kernels.mla_decode import (
     MlaDecodeWorkspace,
@@ -75,9 +76,8 @@ logger = init_logger(__name__)
 SUPPORTED_LATENT_WIDTHS: tuple[int, ...] = (576, 288)
 # The kernel's limit on query rows per request (MTP / spec-verify blocks, causal within).
 MAX_DECODE_QUERY_LEN = 8
-# fp8 e4m3 loads need Triton's fp8e4nv, which exists from sm89 on.
-FP8_MIN_CAPABILITY = 89
-MIN_CAPABILITY = 80
+MIN_CAPABILITY = DeviceCapability(*kernel_device.MIN_CAPABILITY)
+MIN_FP8_CAPABILITY = DeviceCapability(*kernel_device.MIN_FP8_CAPABILITY)
 
 
 @dataclass
@@ -304,7 +304,7 @@ class BwxMLABackend(MLACommonBackend):
 
     @classmethod
     def supports_compute_capability(cls, capability: DeviceCapability) -> bool:
-        return capability.to_int() >= MIN_CAPABILITY
+        return capability >= MIN_CAPABILITY
 
     @classmethod
     def supports_combination(
@@ -322,11 +322,11 @@ class BwxMLABackend(MLACommonBackend):
         if (
             kv_cache_dtype is not None
             and kv_cache_dtype.startswith("fp8")
-            and device_capability.to_int() < FP8_MIN_CAPABILITY
+            and device_capability < MIN_FP8_CAPABILITY
         ):
             return (
                 f"fp8 KV cache ({kv_cache_dtype}) needs compute capability >= "
-                f"{FP8_MIN_CAPABILITY // 10}.{FP8_MIN_CAPABILITY % 10}, "
+                f"{MIN_FP8_CAPABILITY.as_version_str()}, "
                 f"got {device_capability.as_version_str()} (Triton has no fp8e4nv below sm89)"
             )
         return None

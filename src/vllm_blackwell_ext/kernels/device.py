@@ -25,6 +25,10 @@ SMEM_LIMIT_BY_CAPABILITY: dict[tuple[int, int], int] = {
 }
 # What we assume for a capability we have no entry for: the smallest budget we know.
 CONSERVATIVE_SMEM_LIMIT = 101_376
+# Our kernels' floors: tensor-core dots from sm80; fp8 caches need Triton's fp8e4nv (e4m3 loads
+# and conversions), which exists from sm89 (e5m2 is held to the same floor: only tested there).
+MIN_CAPABILITY: tuple[int, int] = (8, 0)
+MIN_FP8_CAPABILITY: tuple[int, int] = (8, 9)
 
 
 @dataclass(frozen=True)
