@@ -300,6 +300,12 @@ def test_planner_fills_the_gpu_for_one_long_and_many_short_requests():
     for b in (1, 2, 7, 64):
         s, _ = plan_mla_decode(b, 16, 131072, 1, h200)
         assert s == 1 or ws.capacity_rows >= b * 16 * s
+    # ... and every plan of up to 64 tokens of verify blocks up to 4 tokens long.
+    ws = MlaDecodeWorkspace.for_plans(64, 16, 131072, 4, 512, "cpu", info=h200)
+    for q in (1, 2, 3, 4):
+        for b in range(1, 64 // q + 1):
+            s, _ = plan_mla_decode(b, 16, 131072, q, h200)
+            assert s == 1 or ws.capacity_rows >= b * q * 16 * s, (q, b, s)
 
 
 def test_config_table_covers_every_device_class_and_row_tile():

@@ -205,25 +205,21 @@ class BwxMLAMetadataBuilder(MLACommonMetadataBuilder[BwxMLAMetadata]):
         dims = self.mla_dims
         latent = dims.kv_lora_rank + dims.qk_rope_head_dim
         tokens, heads = self._max_decode_tokens, self._decode_heads
-        # Split scratch: the most `tokens x heads x splits` rows any plan can ask for. The
-        # planner splits small batches more, and plans for the longest context dominate the
-        # shorter ones (splits grow with the context), so walk every batch size and query
-        # length at the longest context. Host arithmetic only; far below tokens x MAX_SPLITS.
-        need = 1
-        for query_len in range(1, self.reorder_batch_threshold + 1):
-            for batch in range(1, tokens // query_len + 1):
-                splits = self._plan(batch, self._longest_local_context, query_len)
-                if splits > 1:
-                    need = max(need, batch * query_len * heads * splits)
         dtype = self.model_config.dtype
         device = self.device
         return BwxMLADecodeScratch(
             q=torch.empty(tokens * heads * latent, dtype=dtype, device=device),
             out=torch.empty(tokens * heads * dims.kv_lora_rank, dtype=dtype, device=device),
             lse=torch.empty(tokens * heads, dtype=torch.float32, device=device),
-            workspace=MlaDecodeWorkspace(
-                o_part=torch.empty(need, dims.kv_lora_rank, dtype=torch.float32, device=device),
-                l_part=torch.empty(need, dtype=torch.float32, device=device),
+            workspace=MlaDecodeWorkspace.for_plans(
+                tokens,
+                heads,
+                self._longest_local_context,
+                self.reorder_batch_threshold,
+                dims.kv_lora_rank,
+                device,
+                kv_dtype=self._kv_dtype,
+                info=self._device_info,
             ),
         )
 

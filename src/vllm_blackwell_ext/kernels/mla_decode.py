@@ -372,27 +372,33 @@ class MlaDecodeWorkspace:
     @classmethod
     def for_plans(
         cls,
-        max_batch: int,
+        max_tokens: int,
         num_heads: int,
         max_seq_len: int,
-        query_len: int = 1,
+        max_query_len: int = 1,
         kv_lora_rank: int = 512,
         device: torch.device | str = "cuda",
         *,
         kv_dtype: torch.dtype = torch.bfloat16,
         info: DeviceInfo | None = None,
     ) -> MlaDecodeWorkspace:
-        """The smallest scratch that fits every `plan_mla_decode` plan up to `max_batch` requests.
+        """The smallest scratch that fits every `plan_mla_decode` plan of up to `max_tokens`
+        query tokens, for query lengths 1..`max_query_len` and contexts up to `max_seq_len`.
 
-        Far smaller than `max_tokens * heads * MAX_SPLITS`: the planner only splits small batches.
+        The planner splits small batches more, and plans for the longest context dominate the
+        shorter ones (splits grow with the context), so every batch size and query length is
+        walked at the longest context: host arithmetic only, and far smaller than
+        `max_tokens * heads * MAX_SPLITS`.
         """
         info = info or device_info(device)
         need = 1
-        for b in range(1, max_batch + 1):
-            splits, _ = plan_mla_decode(
-                b, num_heads, max_seq_len, query_len, info, kv_dtype=kv_dtype
-            )
-            need = max(need, b * query_len * num_heads * splits if splits > 1 else 1)
+        for query_len in range(1, max_query_len + 1):
+            for batch in range(1, max_tokens // query_len + 1):
+                splits, _ = plan_mla_decode(
+                    batch, num_heads, max_seq_len, query_len, info, kv_dtype=kv_dtype
+                )
+                if splits > 1:
+                    need = max(need, batch * query_len * num_heads * splits)
         return cls(
             o_part=torch.empty(need, kv_lora_rank, dtype=torch.float32, device=device),
             l_part=torch.empty(need, dtype=torch.float32, device=device),
