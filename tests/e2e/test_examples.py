@@ -47,6 +47,13 @@ def test_serve_and_request_gets_a_completion(tmp_path):
     assert "completion of 'w5 w6 w7 w8': ' w" in out
 
 
+@pytest.mark.e2e
+def test_dflash_speculate_reports_acceptance_from_vllm_counters(tmp_path):
+    out = _run("dflash_speculate.py", tmp_path=tmp_path)
+    tau = float(out.split("mean acceptance length ")[1].split()[0])
+    assert 1.0 < tau <= 4.0, out  # block 4: at most 3 drafts accepted per step, some were
+
+
 def test_gather_op_example_reads_the_pages_back_exactly(tmp_path):
     out = _run("gather_op.py", tmp_path=tmp_path)
     assert "from an fp8 cache into torch.bfloat16: exact" in out
