@@ -68,8 +68,8 @@ def paged_attention_warmup_keys(
     keys, configs = [], set()
     gqa = layer.num_q_heads // layer.num_kv_heads
     head_pad = 1 << (layer.head_size - 1).bit_length()
-    kv_elem = torch.empty((), dtype=layer.kv_dtype).element_size()
-    q_elem = torch.empty((), dtype=layer.q_dtype).element_size()
+    kv_elem = layer.kv_dtype.itemsize
+    q_elem = layer.q_dtype.itemsize
     for q_len in range(1, SPLIT_KV_MAX_QUERY_LEN + 2):
         cfg = select_config(
             info,
