@@ -254,7 +254,6 @@ REFERENCE = "vllm-default"
 
 def _demo_job(backend: str, model_dir: Path, args: argparse.Namespace, on_gpu: bool) -> dict:
     """One engine, in its own process (its environment is the backend's, its log a file)."""
-    import subprocess
     import tempfile
 
     env = dict(os.environ)
@@ -284,21 +283,13 @@ def _demo_job(backend: str, model_dir: Path, args: argparse.Namespace, on_gpu: b
         "llm_kwargs": llm_kwargs,
         "runs": [{"name": "demo", "prompts": DEMO_PROMPTS, "sampling": sampling}],
     }
+    from vllm_blackwell_ext.testing.engine_job import run_job_in_process
+
     work = Path(tempfile.mkdtemp(prefix=f"vllm-bwx-demo-{backend.lower()}-"))
-    (work / "spec.json").write_text(json.dumps(spec))
-    log_path = work / "vllm.log"
-    cmd = [sys.executable, "-m", "vllm_blackwell_ext.testing.engine_job"]
-    with open(log_path, "w") as log:
-        done = subprocess.run(
-            [*cmd, str(work / "spec.json"), str(work / "result.json")],
-            env=env,
-            stdout=None if args.verbose else log,
-            stderr=subprocess.STDOUT if not args.verbose else None,
-        )
-    if done.returncode != 0 or not (work / "result.json").exists():
+    result, status, log_path = run_job_in_process(spec, work, env, stream=args.verbose)
+    if result is None:
         tail = "" if args.verbose else log_path.read_text()[-3000:]
-        raise SystemExit(f"the {backend} engine failed (exit {done.returncode}):\n{tail}")
-    result = json.loads((work / "result.json").read_text())
+        raise SystemExit(f"the {backend} engine failed (exit {status}):\n{tail}")
     result["log"] = str(log_path)
     return result
 

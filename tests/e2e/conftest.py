@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -67,23 +65,15 @@ def run_engine_job(
 ) -> dict[str, Any]:
     """Run one engine job (a CPU engine unless `cpu=False`); returns its JSON result plus the
     register() trace records."""
-    workdir.mkdir(parents=True, exist_ok=True)
+    from vllm_blackwell_ext.testing.engine_job import run_job_in_process
+
     trace_dir = workdir / "trace"
-    spec_path, out_path, log_path = workdir / "spec.json", workdir / "out.json", workdir / "log"
-    spec_path.write_text(json.dumps(spec))
-    with open(log_path, "w") as log:
-        proc = subprocess.run(
-            [sys.executable, "-m", "vllm_blackwell_ext.testing.engine_job", spec_path, out_path],
-            env=engine_env(trace_dir, env, cpu=cpu),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            timeout=ENGINE_TIMEOUT_S,
-            cwd=workdir,
-        )
-    if proc.returncode != 0:
+    result, status, log_path = run_job_in_process(
+        spec, workdir, engine_env(trace_dir, env, cpu=cpu), timeout=ENGINE_TIMEOUT_S
+    )
+    if result is None:
         tail = log_path.read_text()[-6000:]
-        raise AssertionError(f"engine job failed (exit {proc.returncode}); log tail:\n{tail}")
-    result = json.loads(out_path.read_text())
+        raise AssertionError(f"engine job failed (exit {status}); log tail:\n{tail}")
     result["trace"] = [json.loads(p.read_text()) for p in sorted(trace_dir.glob("*.json"))]
     result["log"] = log_path.read_text()
     return result

@@ -42,6 +42,7 @@ from vllm.v1.attention.backends.utils import get_num_attention_heads_from_layers
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 from vllm_blackwell_ext.attention.jit_warmup import PAGED_ATTENTION_WARMUP, AttentionLayerKind
+from vllm_blackwell_ext.attention.layer_overrides import LAYER_CAUSAL_ATTR, LAYER_WINDOW_ATTR
 from vllm_blackwell_ext.kernels import device as kernel_device
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
 from vllm_blackwell_ext.kernels.paged_attention import (
@@ -249,8 +250,8 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
                     num_kv_heads=impl.num_kv_heads,
                     head_size=impl.head_size,
                     block_size=self.block_size,
-                    causal=getattr(layer, "bwx_causal", None) is not False,
-                    sliding_window=getattr(layer, "bwx_sliding_window", impl.sliding_window),
+                    causal=getattr(layer, LAYER_CAUSAL_ATTR, None) is not False,
+                    sliding_window=getattr(layer, LAYER_WINDOW_ATTR, impl.sliding_window),
                     has_sinks=impl.sinks is not None,
                     softcap=impl.logits_soft_cap,
                 )
@@ -300,7 +301,7 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
 
     # forward() honours per-layer `bwx_causal` / `bwx_sliding_window` attributes on the layer
     # (DFlash drafts that mix causal sliding and non-causal full layers set them).
-    supports_layer_attention_overrides: ClassVar[bool] = True
+    supports_layer_attention_overrides: ClassVar[bool] = True  # IMPL_CAPABILITY_ATTR
 
     def __init__(
         self,
@@ -469,7 +470,7 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
         quantized = self.fp8_dtype is not None
         # A DFlash draft mixing sliding (causal) and full (non-causal) layers runs under one
         # batch-wide causal flag in vLLM 0.32; such layers carry their own mode (dflash/model.py).
-        layer_causal = getattr(layer, "bwx_causal", None)
+        layer_causal = getattr(layer, LAYER_CAUSAL_ATTR, None)
         paged_attention(
             query[:num_tokens],
             key_cache,
@@ -482,7 +483,7 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
             max_seqlen_k=attn_metadata.max_seq_len,
             softmax_scale=self.scale,
             causal=attn_metadata.causal if layer_causal is None else layer_causal,
-            sliding_window=getattr(layer, "bwx_sliding_window", self.sliding_window),
+            sliding_window=getattr(layer, LAYER_WINDOW_ATTR, self.sliding_window),
             sinks=self._sinks_f32,
             softcap=self.logits_soft_cap,
             k_scale=layer._k_scale if quantized else None,

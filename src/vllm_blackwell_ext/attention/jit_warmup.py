@@ -16,7 +16,9 @@ and activations have them for every head size we declare).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from vllm.model_executor.warmup.jit_warmup import VllmJitKernel
@@ -31,10 +33,6 @@ from vllm_blackwell_ext.kernels.paged_attention_configs import (
     plan_split_kv,
     select_config,
 )
-
-
-def _current_cuda_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 @dataclass(frozen=True)
@@ -135,20 +133,6 @@ def launch_paged_attention_warmup(key: PagedAttentionKey, device: torch.device) 
     )
 
 
-class PagedAttentionWarmup(VllmJitKernel[PagedAttentionKey]):
-    """BWX_ATTN's `_paged_attn_kernel` (and split-KV merge) variants of each layer kind."""
-
-    CompileKey = PagedAttentionKey
-
-    def get_warmup_keys(
-        self, *, layer: AttentionLayerKind, max_model_len: int, info: DeviceInfo
-    ) -> list[PagedAttentionKey]:
-        return paged_attention_warmup_keys(layer, max_model_len, info)
-
-    def compile(self, compile_key: PagedAttentionKey) -> None:
-        launch_paged_attention_warmup(compile_key, _current_cuda_device())
-
-
 @dataclass(frozen=True)
 class MlaGatherKey:
     """What BWX_MLA's context gather specialises on (`gather_and_maybe_dequant_cache`)."""
@@ -178,18 +162,6 @@ def launch_mla_gather_warmup(key: MlaGatherKey, device: torch.device) -> None:
         torch.ones(1, dtype=torch.float32, device=device),
         torch.zeros(1, **int32),
     )
-
-
-class MlaGatherWarmup(VllmJitKernel[MlaGatherKey]):
-    """The context-gather kernel of chunked MLA prefill, for the engine's cache."""
-
-    CompileKey = MlaGatherKey
-
-    def get_warmup_keys(self, *, key: MlaGatherKey) -> list[MlaGatherKey]:
-        return [key]
-
-    def compile(self, compile_key: MlaGatherKey) -> None:
-        launch_mla_gather_warmup(compile_key, _current_cuda_device())
 
 
 @dataclass(frozen=True)
@@ -255,21 +227,22 @@ def launch_mla_decode_warmup(key: MlaDecodeKey, device: torch.device) -> None:
     )
 
 
-class MlaDecodeWarmup(VllmJitKernel[MlaDecodeKey]):
-    """BWX_MLA's decode split kernel (one split and many) and merge, per row tile."""
+class LaunchWarmup(VllmJitKernel):
+    """A kernel's entry in vLLM's JIT warm-up: `keys(**registration)` lists the variants a
+    registration can launch, `launch(key, device)` compiles one by running it on scratch."""
 
-    CompileKey = MlaDecodeKey
+    def __init__(self, keys: Callable[..., list], launch: Callable[[Any, torch.device], None]):
+        super().__init__()
+        self._keys, self._launch = keys, launch
 
-    def get_warmup_keys(
-        self, *, kind: MlaDecodeKind, max_query_len: int, info: DeviceInfo
-    ) -> list[MlaDecodeKey]:
-        return mla_decode_warmup_keys(kind, max_query_len, info)
+    def get_warmup_keys(self, **registration: Any) -> list:
+        return self._keys(**registration)
 
-    def compile(self, compile_key: MlaDecodeKey) -> None:
-        launch_mla_decode_warmup(compile_key, _current_cuda_device())
+    def compile(self, compile_key: Any) -> None:
+        self._launch(compile_key, torch.device("cuda", torch.cuda.current_device()))
 
 
 # The registry keys registrations by kernel object: one instance each, for every builder.
-PAGED_ATTENTION_WARMUP = PagedAttentionWarmup()
-MLA_GATHER_WARMUP = MlaGatherWarmup()
-MLA_DECODE_WARMUP = MlaDecodeWarmup()
+PAGED_ATTENTION_WARMUP = LaunchWarmup(paged_attention_warmup_keys, launch_paged_attention_warmup)
+MLA_GATHER_WARMUP = LaunchWarmup(lambda key: [key], launch_mla_gather_warmup)
+MLA_DECODE_WARMUP = LaunchWarmup(mla_decode_warmup_keys, launch_mla_decode_warmup)

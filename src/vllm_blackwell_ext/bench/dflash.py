@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ import torch
 
 from vllm_blackwell_ext.bench.dflash_pair import PairSettings, build_pair, held_out_prompts
 from vllm_blackwell_ext.bench.harness import progress
+from vllm_blackwell_ext.testing.engine_job import run_job_in_process
 
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-bwx"
 
@@ -114,18 +114,9 @@ def _engine(
             }
         ],
     }
-    spec_path, out_path, log_path = tmp / f"b{block}.json", tmp / f"b{block}.out", tmp / "log"
-    spec_path.write_text(json.dumps(job))
-    with open(log_path, "w") as log:
-        proc = subprocess.run(
-            [sys.executable, "-m", "vllm_blackwell_ext.testing.engine_job", spec_path, out_path],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    if proc.returncode:
+    out, status, log_path = run_job_in_process(job, tmp / f"b{block}", env)
+    if out is None:
         raise RuntimeError(f"engine job for block {block} failed:\n{log_path.read_text()[-4000:]}")
-    out = json.loads(out_path.read_text())
     sd = out["spec_decode"]
     return {
         "tokens": [row["token_ids"] for row in out["runs"]["dflash"]],

@@ -59,16 +59,16 @@ from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (
     get_eagle3_aux_layers_from_config,
 )
 
+from ..attention.layer_overrides import (
+    IMPL_CAPABILITY_ATTR,
+    LAYER_CAUSAL_ATTR,
+    LAYER_WINDOW_ATTR,
+)
 from .config import DFlashPlan, normalize_dflash_config, ordered_feature_permutation
 from .loader import MASK_EMBEDDING_FILE, check_draft_tensors, parse_mask_embedding
 
 logger = init_logger(__name__)
 
-# Attribute names BWX_ATTN reads from the `Attention` layer for mixed drafts, and the flag its
-# impl class sets to say it does.
-LAYER_CAUSAL_ATTR = "bwx_causal"
-LAYER_WINDOW_ATTR = "bwx_sliding_window"
-IMPL_CAPABILITY_ATTR = "supports_layer_attention_overrides"
 
 __all__ = ["BwxDFlashDraftModel", "BwxDFlashModel", "plan_for_vllm"]
 

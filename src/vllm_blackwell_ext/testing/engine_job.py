@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 
@@ -130,6 +132,37 @@ def _spec_decode_metrics(llm) -> dict[str, float | list[int]]:
             elif getattr(metric, "values", None) is not None:
                 found[metric.name] = [int(v) for v in metric.values]
     return found
+
+
+def run_job_in_process(
+    spec: dict[str, Any],
+    workdir: Path,
+    env: dict[str, str],
+    *,
+    timeout: float | None = None,
+    stream: bool = False,
+) -> tuple[dict[str, Any] | None, int, Path]:
+    """Run a job in a fresh interpreter (so `env`'s opt-ins reach every vLLM process it
+    starts), in `workdir`, its output in `workdir/log` unless `stream`.
+
+    Returns (the result, or None when the job failed; its exit status; the log's path).
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec_path, out_path, log_path = workdir / "spec.json", workdir / "out.json", workdir / "log"
+    spec_path.write_text(json.dumps(spec))
+    cmd = [sys.executable, "-m", "vllm_blackwell_ext.testing.engine_job", spec_path, out_path]
+    with open(log_path, "w") as log:
+        proc = subprocess.run(
+            cmd,
+            env=env,
+            stdout=None if stream else log,
+            stderr=None if stream else subprocess.STDOUT,
+            timeout=timeout,
+            cwd=workdir,
+        )
+    if proc.returncode != 0 or not out_path.exists():
+        return None, proc.returncode, log_path
+    return json.loads(out_path.read_text()), proc.returncode, log_path
 
 
 def main(argv: list[str] | None = None) -> int:
