@@ -5,13 +5,14 @@
 #   tests       kernel and op tests at real sizes, beside the GPU engine tests (tests/gpu_e2e)
 #   attention   benchmarks/bench_engine.py: BWX_ATTN against vLLM's attention backends
 #   mla         benchmarks/bench_engine.py --family mla: BWX_MLA against vLLM's MLA backends
+#   gather      benchmarks/bench_kv_gather.py: the paged-KV gather against vLLM's CUDA gather
 #
-#   scripts/gpu_verify.sh OUT_DIR tests attention mla
+#   scripts/gpu_verify.sh OUT_DIR tests attention mla gather
 #
 # OUT_DIR gets the pytest logs, the engine tests' summary.md and the benchmark results; each
 # engine's figures are written as soon as it finishes, so a run cut short keeps those.
 set -uo pipefail
-[[ $# -ge 2 ]] || { sed -n '2,12p' "$0"; exit 2; }
+[[ $# -ge 2 ]] || { sed -n '2,13p' "$0"; exit 2; }
 out=$1
 shift
 mkdir -p "$out"
@@ -31,6 +32,9 @@ for step in "$@"; do
     attention | mla)
       python benchmarks/bench_engine.py --family "$step" --out-dir "$out/bench" \
         --profile-batch 64 || status=1
+      ;;
+    gather)
+      python benchmarks/bench_kv_gather.py --out-dir "$out/bench" || status=1
       ;;
     *)
       echo "[gpu_verify] unknown step: $step" >&2

@@ -3,10 +3,11 @@
 MLA caches (576-wide entries: 512 latent + 64 rope), block size 64, random block tables, fp8
 e4m3 -> bf16 by default, B in {1, 8, 64} and contexts 4k..128k. Figures are effective
 bandwidth: cache bytes read + dst bytes written, per second. Peers, timed in the same process
-on the same inputs: `torch.compile` of the vectorised torch gather (reference/kv_gather.py),
-and the device-to-device copy roofline. vLLM's own gather is CUDA C++ (`vllm._C`) and is not a
-peer here. Small gathers are reported in microseconds, with our op replayed from a CUDA graph
-as a second figure (the device time without host launch overhead).
+on the same inputs: vLLM's own CUDA gather (`torch.ops._C_cache_ops`, where a CUDA vLLM is
+installed; otherwise the table says PEER NOT RUN), `torch.compile` of the vectorised torch gather
+(reference/kv_gather.py), and the device-to-device copy roofline. Small gathers are reported in
+microseconds, with our op replayed from a CUDA graph as a second figure (the device time
+without host launch overhead).
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from vllm_blackwell_ext.bench.harness import (
     progress,
     report,
 )
+from vllm_blackwell_ext.bench.vllm_peer import peer_not_run_note
 from vllm_blackwell_ext.kernels import kv_gather as kvk
 
 ENTRY = 576
 FP8 = {"fp8": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 COMPILE_PEER = "torch.compile"
+VLLM_PEER = "vLLM CUDA"
 COPY_PEER = "d2d copy, same bytes"
 
 
@@ -101,6 +104,30 @@ def _ours(case: Case, x: dict):
     return lambda: ops.gather_and_maybe_dequant_cache(
         x["src"], x["dst"], x["bt"], x["cu"], x["t2s"], x["num_tokens"], case.kv, x["scale"]
     )
+
+
+def load_vllm_gather():
+    """vLLM's CUDA cache ops (`torch.ops._C_cache_ops`), or None and the reason they are absent."""
+    try:
+        import vllm._custom_ops  # noqa: F401  (loads vllm._C and its cache ops)
+
+        cache_ops = torch.ops._C_cache_ops
+        cache_ops.gather_and_maybe_dequant_cache  # noqa: B018
+        cache_ops.cp_gather_cache  # noqa: B018
+    except (ImportError, AttributeError, RuntimeError) as e:
+        return None, f"no CUDA vLLM with its gather ops here ({type(e).__name__}: {e})"
+    return cache_ops, ""
+
+
+def _vllm(case: Case, x: dict, cache_ops):
+    if case.kv == "cp":
+        return lambda: cache_ops.cp_gather_cache(
+            x["src"], x["vllm_dst"], x["bt"], x["cu"], case.batch, None
+        )
+    return lambda: cache_ops.gather_and_maybe_dequant_cache(
+        x["src"], x["vllm_dst"], x["bt"], x["cu"], x["t2s"], x["num_tokens"], case.kv,
+        x["scale"], None,
+    )  # fmt: skip
 
 
 def _peer(case: Case, x: dict, compiled):
@@ -202,6 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         best = tune(device, [Case(8, 32768), Case(1, 131072)] if on_gpu else [Case(1, 256)])
         kvk._CONFIGS[kvk.device_info(torch.device(device)).device_class] = best
     notes.append(f"launch config: {kvk.default_config(torch.device(device))}")
+    cache_ops, why = load_vllm_gather() if on_gpu else (None, "CPU run")
+    if cache_ops is None:
+        notes.append(peer_not_run_note(VLLM_PEER, why))
+        print(notes[-1])
 
     roof = copy_roofline_gbps(device, 2 << 30 if on_gpu else 1 << 24)
     print(f"device copy roofline: {roof:.1f} GB/s (read + write)")
@@ -220,9 +251,18 @@ def main(argv: list[str] | None = None) -> int:
             notes.append(f"{case.name}: ours != {COMPILE_PEER} output")
         t_ours = bench_us(ours, rep_ms=args.rep_ms)
         t_peer = bench_us(peer, rep_ms=args.rep_ms)
+        t_vllm = None
+        if cache_ops is not None:
+            x["vllm_dst"] = torch.empty_like(x["dst"])
+            theirs = _vllm(case, x, cache_ops)
+            theirs()
+            if not torch.equal(x["dst"], x["vllm_dst"]):
+                notes.append(f"{case.name}: ours != {VLLM_PEER} output")
+            t_vllm = bench_us(theirs, rep_ms=args.rep_ms)
         nbytes = case.bytes_moved()
         if case in small:
-            peers = {COMPILE_PEER: t_peer}
+            peers = {VLLM_PEER: t_vllm} if t_vllm is not None else {}
+            peers[COMPILE_PEER] = t_peer
             if on_gpu:
                 peers["ours, CUDA graph"] = bench_us(_graphed(ours), rep_ms=args.rep_ms)
             rows.append(
@@ -236,15 +276,9 @@ def main(argv: list[str] | None = None) -> int:
             half = other = None
             gbps = lambda us, n=nbytes: n / us / 1e3  # noqa: E731
             size = f", out {case.tokens * ENTRY * x['dst'].element_size() / 2**20:.0f} MiB"
-            rows.append(
-                Row(
-                    case.name + size,
-                    "GB/s",
-                    gbps(t_ours),
-                    {COMPILE_PEER: gbps(t_peer), COPY_PEER: gbps(t_copy)},
-                    roof,
-                )
-            )
+            peers = {VLLM_PEER: gbps(t_vllm)} if t_vllm is not None else {}
+            peers.update({COMPILE_PEER: gbps(t_peer), COPY_PEER: gbps(t_copy)})
+            rows.append(Row(case.name + size, "GB/s", gbps(t_ours), peers, roof))
         del x, want
         if on_gpu:
             torch.cuda.empty_cache()
