@@ -31,14 +31,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path[:0] = [
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"),
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."),  # the DCP oracles in tests/
-]
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "src")]  # `benchmarks.*`, tests/, the package
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 R, P, PAGE = 512, 64, 64
 W = R + P
@@ -241,7 +239,7 @@ def _spawned(rank: int, world_size: int, args, port: int, out: str) -> None:
 
 
 def _report(rows: list[dict], args, command: str, merge_existing: bool) -> None:
-    from vllm_blackwell_ext.bench.harness import Row, gpu_slug, report
+    from benchmarks.harness import Row, gpu_slug, report
 
     gpu = "cpu" if args.cpu_smoke else gpu_slug(0)
     path = Path(args.out_dir, f"{gpu}-{OP}.json")

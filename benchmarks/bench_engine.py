@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "src"), str(REPO)]
+sys.path[:0] = [str(REPO), str(REPO / "src")]  # run from a checkout: `benchmarks.*`, the package
 
-from tests.gpu_e2e.checkpoints import (  # noqa: E402
+from benchmarks.harness import Row, gpu_slug, progress, report
+from tests.gpu_e2e.checkpoints import (
     deepseek_v2_lite_shaped_config,
     qwen3_8b_shaped_config,
 )
-from vllm_blackwell_ext.bench.harness import Row, gpu_slug, progress, report  # noqa: E402
 
 # (batch, prompt tokens, output tokens)
 CASES: list[tuple[int, int, int]] = [
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_engine(spec)
         Path(args.engine[1]).write_text(json.dumps(result))
         sys.stdout.flush()
-        os._exit(0)  # leave without finalising vLLM's threads (see testing.engine_job)
+        os._exit(0)  # leave without finalising vLLM's threads (see demo.engine_job)
 
     family = FAMILIES[args.family]
     cases = QUICK_CASES if args.quick else (MLA_CASES if args.family == "mla" else CASES)

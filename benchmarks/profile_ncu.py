@@ -13,11 +13,15 @@ compile, then once more between cudaProfilerStart/Stop so ncu records only that 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "src")]  # run from a checkout: `benchmarks.*`, the package
 
 import torch
 
-from vllm_blackwell_ext.bench import mla_decode as mla_bench
-from vllm_blackwell_ext.bench import paged_attention as pa_bench
+from benchmarks import bench_mla_decode as mla_bench
+from benchmarks import bench_paged_attention as pa_bench
 from vllm_blackwell_ext.kernels.paged_attention import SplitKVWorkspace
 
 MLA_CASES = (

@@ -25,14 +25,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "src")]  # run from a checkout: `benchmarks.*`, the package
 
-import torch  # noqa: E402
-import triton  # noqa: E402
+import torch
+import triton
 
-from vllm_blackwell_ext.kernels.device import SMEM_LIMIT_BY_CAPABILITY  # noqa: E402
-from vllm_blackwell_ext.kernels.mla_decode_configs import (  # noqa: E402
+from vllm_blackwell_ext.kernels.device import SMEM_LIMIT_BY_CAPABILITY
+from vllm_blackwell_ext.kernels.mla_decode_configs import (
     MLA_DECODE_CONFIGS,
     ROW_TILES,
     MlaDecodeConfig,
@@ -79,7 +81,7 @@ def candidates(tag: str, tile: int, full: bool = False) -> list[MlaDecodeConfig]
 
 
 def tune_gpu(args: argparse.Namespace) -> int:
-    from vllm_blackwell_ext.bench.harness import bench_us
+    from benchmarks.harness import bench_us
     from vllm_blackwell_ext.kernels.device import device_info
     from vllm_blackwell_ext.kernels.mla_decode import MlaDecodeWorkspace, mla_decode
 

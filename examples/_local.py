@@ -10,9 +10,11 @@ right, but hundreds of times slower than a GPU. Call `cpu_setup` before importin
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-bwx" / "examples"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def has_gpu() -> bool:
@@ -34,3 +36,13 @@ def tiny_model(kind: str) -> str:
     from vllm_blackwell_ext.testing import tiny_models
 
     return str(tiny_models.WRITERS[kind](CACHE / kind))
+
+
+def dflash_pair_trainer():
+    """The trainer of the tiny DFlash target + draft pair (`benchmarks/dflash_pair.py`): part of
+    the checkout's benchmarks, not of the installed package."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from benchmarks import dflash_pair
+
+    return dflash_pair

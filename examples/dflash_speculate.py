@@ -5,7 +5,8 @@ GPU:  python examples/dflash_speculate.py --target Qwen/Qwen3-8B \\
           --draft z-lab/Qwen3-8B-DFlash-b16 --block 16
 CPU:  python examples/dflash_speculate.py
       (trains a tiny target + draft pair on the CPU first, about a minute, cached; its
-      acceptance is low: `vllm-bwx bench dflash` trains the full pair and measures it properly)
+      acceptance is low: `python benchmarks/bench_dflash.py` trains the full pair and measures
+      it properly)
 
 Both target and draft layers run on `BWX_ATTN` (the draft's non-causal block attention too).
 Prints the generated tokens and vLLM's spec-decode counters: mean acceptance length (tokens
@@ -30,8 +31,7 @@ def main() -> None:
     if not on_gpu:
         _local.cpu_setup("attn")
     if args.target is None or args.draft is None:
-        from vllm_blackwell_ext.bench import dflash_pair
-
+        dflash_pair = _local.dflash_pair_trainer()
         quick = dflash_pair.PairSettings(
             target_steps=150, draft_steps=100, distill_sequences=64, block_sizes=(args.block,)
         )

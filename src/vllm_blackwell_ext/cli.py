@@ -1,5 +1,4 @@
-"""`vllm-bwx`: doctor (what the plugin offers here), demo (the main job on a tiny local model),
-bench (side-by-side kernel benchmarks)."""
+"""`vllm-bwx`: doctor (what the plugin offers here), demo (the main job on a tiny local model)."""
 
 from __future__ import annotations
 
@@ -23,13 +22,6 @@ from vllm_blackwell_ext._registration import (
 from vllm_blackwell_ext.dflash.registration import takeover_enabled
 from vllm_blackwell_ext.host_cpu import cpu_summary, cpu_summary_line
 
-BENCHES = {
-    "kv-gather": "vllm_blackwell_ext.bench.kv_gather",
-    "paged-attention": "vllm_blackwell_ext.bench.paged_attention",
-    "mla-decode": "vllm_blackwell_ext.bench.mla_decode",
-    "dflash-step": "vllm_blackwell_ext.bench.dflash_step",
-    "dflash": "vllm_blackwell_ext.bench.dflash",  # acceptance of a tiny trained pair (CPU too)
-}
 # vLLM loads only the plugins this comma list names, when it is set (even to "").
 PLUGIN_FILTER_ENV = "VLLM_PLUGINS"
 DEFAULT_DEMO_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-bwx"
@@ -378,11 +370,6 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--max-tokens", type=int, default=12)
     demo.add_argument("--json", action="store_true", help="also print the raw results")
     demo.add_argument("--verbose", action="store_true", help="show vLLM's log as it runs")
-    bench = sub.add_parser(
-        "bench", help="side-by-side kernel benchmark (GPU), or DFlash acceptance (dflash)"
-    )
-    bench.add_argument("op", choices=sorted(BENCHES))
-    bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     args = parser.parse_args(argv)
 
     if args.command == "doctor":
@@ -392,13 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             _print_doctor(report, ok)
         return 0 if ok else 1
-    if args.command == "demo":
-        return _demo(args)
-    module = BENCHES[args.op]
-    if not components.module_exists(module):
-        print(f"benchmark {args.op!r} is not part of this build ({module})", file=sys.stderr)
-        return 2
-    return int(importlib.import_module(module).main(args.rest) or 0)
+    return _demo(args)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The benchmarks' loader of vLLM's kernel files (`bench/vllm_peer.py`): what it refuses, and
+"""The benchmarks' loader of vLLM's kernel files (`benchmarks/vllm_peer.py`): what it refuses, and
 that a kernel file importing vLLM's modules loads through its stand-ins (a fresh interpreter,
 since the stand-ins take the `vllm` name)."""
 
@@ -7,11 +7,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from vllm_blackwell_ext.bench.vllm_peer import FETCH_HINT, PeerMissing, load_vllm_peer
+from benchmarks.vllm_peer import FETCH_HINT, PeerMissing, load_vllm_peer
 
+REPO = Path(__file__).resolve().parents[2]  # `python -c` finds `benchmarks` from here
 KERNEL_FILE = """
 from vllm.platforms import current_platform
 from vllm.triton_utils import tl, triton
@@ -40,13 +42,13 @@ def test_a_kernel_file_loads_through_the_stand_ins(tmp_path):
     (ops / "toy_kernel.py").write_text(KERNEL_FILE)
     script = textwrap.dedent(f"""
         import sys
-        from vllm_blackwell_ext.bench.vllm_peer import load_vllm_peer
+        from benchmarks.vllm_peer import load_vllm_peer
         load_vllm_peer({str(tmp_path)!r})
         from vllm.v1.attention.ops.toy_kernel import FP8, MODE, _add_one
         print(FP8, int(MODE), _add_one.fn.__name__)
     """)
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["torch.float8_e4m3fn", "1", "_add_one"]

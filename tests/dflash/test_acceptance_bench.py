@@ -1,4 +1,4 @@
-"""The acceptance benchmark's parts (`vllm-bwx bench dflash`): the training forward is the
+"""The acceptance benchmark's parts (`benchmarks/bench_dflash.py`): the training forward is the
 oracle's draft forward, a trained pair loads through our loader, and the statistics."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-from vllm_blackwell_ext.bench import dflash_pair as dp
-from vllm_blackwell_ext.bench.dflash import engine_stats, oracle_stats
+from benchmarks import dflash_pair as dp
+from benchmarks.bench_dflash import engine_stats, oracle_stats
 from vllm_blackwell_ext.dflash.config import load_dflash_plan
 from vllm_blackwell_ext.dflash.loader import read_draft_tensors, read_mask_embedding
 from vllm_blackwell_ext.reference.dflash import RefDraftSpec, draft_block_logits
@@ -105,7 +105,7 @@ def test_vllm_engine_acceptance_equals_the_oracle(tmp_path) -> None:
     attention) commits the same tokens in the same number of steps, with the same per-position
     acceptance, as the oracle: vLLM's counters and ours describe identical runs."""
     pytest.importorskip("vllm", reason="the engine half of the bench needs vLLM")
-    from vllm_blackwell_ext.bench.dflash import _engine, _oracle
+    from benchmarks.bench_dflash import _engine, _oracle
 
     # a few hundred steps: the draft proposes some right tokens, so acceptance is not all 0
     quick = dp.PairSettings(target_steps=150, draft_steps=100, distill_sequences=64,

@@ -79,3 +79,12 @@ def test_version_flag_prints_the_package_version():
         timeout=120,
     )
     assert done.returncode == 0 and done.stdout.strip() == f"vllm-bwx {__version__}"
+
+
+def test_the_commands_are_doctor_and_demo():
+    """The benchmarks are scripts under benchmarks/, not part of the installed CLI."""
+    from vllm_blackwell_ext.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "kv-gather"])
+    assert exit_info.value.code == 2

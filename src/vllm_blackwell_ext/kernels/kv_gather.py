@@ -63,10 +63,10 @@ class GatherConfig:
     evict_first: bool = False
 
 
-# sm90: best geometric mean on the H200 of `vllm-bwx bench kv-gather --tune` (B=8 ctx 32k and
-# B=1 ctx 128k); tiles of 8/16 rows were within 1-2%, evict-first hints 2-4% slower,
-# 64-wide pieces 25% slower. Other devices: the same shape, untuned (the kernel keeps nothing
-# in shared memory beyond layout conversions, so the 101 KB parts need no change).
+# sm90: best geometric mean on the H200 of `python benchmarks/bench_kv_gather.py --tune` (B=8
+# ctx 32k and B=1 ctx 128k); tiles of 8/16 rows were within 1-2%, evict-first hints 2-4%
+# slower, 64-wide pieces 25% slower. Other devices: the same shape, untuned (the kernel keeps
+# nothing in shared memory beyond layout conversions, so the 101 KB parts need no change).
 _CONFIGS: dict[str, GatherConfig] = {
     "sm90": GatherConfig(block_t=4, max_piece=512, num_warps=2),
     "cpu": GatherConfig(block_t=32, max_piece=1024, num_warps=4),  # interpreter: big tiles

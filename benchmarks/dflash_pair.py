@@ -1,6 +1,6 @@
 """Train a tiny target + DFlash draft pair on the CPU, so acceptance can be measured here.
 
-`python -m vllm_blackwell_ext.bench.dflash_pair OUT_DIR` (or `vllm-bwx bench dflash`, which
+`python benchmarks/dflash_pair.py OUT_DIR` (or `python benchmarks/bench_dflash.py`, which
 calls `build_pair` and caches the result). Fixed seeds; a few minutes on 2 cores.
 
 - The language: word-level, 128 tokens, synthetic documents of four sentence kinds with

@@ -1,7 +1,9 @@
-"""DFlash acceptance (`vllm-bwx bench dflash`): mean accepted length and per-position acceptance
-of a tiny trained target + draft pair, for block sizes 4, 8 and 16.
+"""DFlash acceptance: mean accepted length and per-position acceptance of a tiny trained
+target + draft pair, for block sizes 4, 8 and 16. Runs on the CPU (or a GPU):
 
-The pair is trained on first use (`bench/dflash_pair.py`, fixed seed, a few minutes on the
+    python benchmarks/bench_dflash.py [--blocks 4,8,16] [--engine vllm-default|BWX_ATTN|none]
+
+The pair is trained on first use (`benchmarks/dflash_pair.py`, fixed seed, a few minutes on the
 CPU) and cached. For every block size B the draft proposes B - 1 tokens per step
 (`num_speculative_tokens = B - 1`) at temperature 0 on held-out prompts, measured twice:
 
@@ -28,10 +30,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "src")]  # run from a checkout: `benchmarks.*`, the package
+
 import torch
 
-from vllm_blackwell_ext.bench.dflash_pair import PairSettings, build_pair, held_out_prompts
-from vllm_blackwell_ext.bench.harness import progress
+from benchmarks.dflash_pair import PairSettings, build_pair, held_out_prompts
+from benchmarks.harness import progress
 from vllm_blackwell_ext.testing.engine_job import run_job_in_process
 
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-bwx"
@@ -171,7 +176,7 @@ def _plot(rows: list[dict], png: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="vllm-bwx bench dflash", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python benchmarks/bench_dflash.py", description=__doc__)
     ap.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="where the pair is trained")
     ap.add_argument("--blocks", default="4,8,16", help="block sizes (each has its own draft)")
     ap.add_argument("--prompts", type=int, default=16, help="held-out prompts")
@@ -238,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{_fmt_pos(r['engine_per_pos']) if 'engine_per_pos' in r else '-'} |"
         )
     table = "\n".join(lines)
-    command = "vllm-bwx bench dflash " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python benchmarks/bench_dflash.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
     notes = [
         f"{args.prompts} held-out prompts of 16 tokens, {args.max_tokens} new tokens each, "
         "temperature 0, num_speculative_tokens = B - 1.",

@@ -1,4 +1,4 @@
-"""One DFlash draft step on the GPU (`vllm-bwx bench dflash-step`), ours vs vLLM's attention.
+"""One DFlash draft step on the GPU, ours vs vLLM's attention.
 
 A Qwen3-8B-shaped draft (hidden 4096, 32/8 heads of 128, MLP 12288, 5 layers, `fc` from 5
 target layers, vocabulary 151936) drafting a block of 16 for one request, as vLLM's DFlash
@@ -9,7 +9,7 @@ z-lab's mixed-layer convention) and the shared LM head scores the 15 masks.
 
 The step is timed as a CUDA-graph replay (as vLLM runs drafts), in bf16 with a bf16 or fp8
 KV cache, at contexts 4k to 128k, twice per case: attention through our kernel, and through
-vLLM 0.32's Triton `unified_attention` (`bench/vllm_peer.py`),
+vLLM 0.32's Triton `unified_attention` (`benchmarks/vllm_peer.py`),
 everything else identical. Also timed: the 5 attention calls alone. Floor: the bytes a step
 must read (weights + visible KV) at the copy bandwidth measured in the same run.
 
@@ -22,18 +22,22 @@ import argparse
 import gc
 import sys
 from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "src")]  # run from a checkout: `benchmarks.*`, the package
 
 import torch
 
-from vllm_blackwell_ext.bench.harness import (
+from benchmarks.bench_paged_attention import PeerVllm, graph_us
+from benchmarks.harness import (
     Row,
     copy_roofline_gbps,
     gpu_slug,
     progress,
     report,
 )
-from vllm_blackwell_ext.bench.paged_attention import PeerVllm, graph_us
-from vllm_blackwell_ext.bench.vllm_peer import peer_not_run_note
+from benchmarks.vllm_peer import peer_not_run_note
 from vllm_blackwell_ext.kernels.paged_attention import SplitKVWorkspace, paged_attention
 
 H, HQ, HKV, D, INTER, VOCAB = 4096, 32, 8, 128, 12288, 151936
@@ -219,7 +223,9 @@ def run_case(c: StepCase, wts: DraftWeights, ws, peer, copy_gbps: float, dev: st
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python benchmarks/bench_dflash_step.py", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--out-dir", default="benchmarks/results")
     ap.add_argument(
         "--peer-dir", default=".peer", help="vLLM kernels from scripts/fetch_vllm_peer.sh"

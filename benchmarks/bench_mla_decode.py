@@ -4,7 +4,7 @@ DeepSeek/Kimi shapes: latent 512 + rope 64, page size 64, pages shuffled. GB/s c
 bytes a case must read (each request's context once, in the cache dtype) per second, against
 the device-to-device copy roofline measured in the same run; TFLOP/s (128 heads) counts
 2 * rows * context * (576 + 512) per call against a bf16 8192^3 matmul measured in the same run.
-The peer `vllm-triton-mla` is vLLM's `decode_attention_fwd` (`bench/vllm_peer.py`)
+The peer `vllm-triton-mla` is vLLM's `decode_attention_fwd` (`benchmarks/vllm_peer.py`)
 called as vLLM 0.32's `TritonMLAImpl.forward_mqa` calls it: its split-count formula, an fp32
 `attn_logits` scratch of [rows, heads, splits, 513], query rows of a multi-token block
 flattened with per-row causal extents.
@@ -17,10 +17,14 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "src")]  # run from a checkout: `benchmarks.*`, the package
 
 import torch
 
-from vllm_blackwell_ext.bench.harness import (
+from benchmarks.harness import (
     Row,
     bench_us,
     copy_roofline_gbps,
@@ -28,7 +32,7 @@ from vllm_blackwell_ext.bench.harness import (
     progress,
     report,
 )
-from vllm_blackwell_ext.bench.vllm_peer import load_vllm_peer, peer_not_run_note
+from benchmarks.vllm_peer import load_vllm_peer, peer_not_run_note
 from vllm_blackwell_ext.kernels.device import device_info
 from vllm_blackwell_ext.kernels.mla_decode import (
     MlaDecodeWorkspace,
@@ -258,7 +262,9 @@ def compiled_stats(c: Case, x: Inputs) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench_mla_decode", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python benchmarks/bench_mla_decode.py", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--out-dir", default="benchmarks/results")
     ap.add_argument("--peer-dir", default=".peer")
     ap.add_argument("--only", default=None, help="run cases whose name contains this")

@@ -1,4 +1,4 @@
-"""Benchmark of the paged-KV gather (`vllm-bwx bench kv-gather`).
+"""Benchmark of the paged-KV gather.
 
 MLA caches (576-wide entries: 512 latent + 64 rope), block size 64, random block tables, fp8
 e4m3 -> bf16 by default, B in {1, 8, 64} and contexts 4k..128k. Figures are effective
@@ -8,6 +8,8 @@ installed; otherwise the table says PEER NOT RUN), `torch.compile` of the vector
 (reference/kv_gather.py), and the device-to-device copy roofline. Small gathers are reported in
 microseconds, with our op replayed from a CUDA graph as a second figure (the device time
 without host launch overhead).
+
+    python benchmarks/bench_kv_gather.py [--out-dir DIR] [--batches 1 8] [--tune] (see --help)
 """
 
 from __future__ import annotations
@@ -16,10 +18,14 @@ import argparse
 import statistics
 import sys
 from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "src")]  # run from a checkout: `benchmarks.*`, the package
 
 import torch
 
-from vllm_blackwell_ext.bench.harness import (
+from benchmarks.harness import (
     Row,
     bench_us,
     copy_roofline_gbps,
@@ -27,7 +33,7 @@ from vllm_blackwell_ext.bench.harness import (
     progress,
     report,
 )
-from vllm_blackwell_ext.bench.vllm_peer import peer_not_run_note
+from benchmarks.vllm_peer import peer_not_run_note
 from vllm_blackwell_ext.kernels import kv_gather as kvk
 
 ENTRY = 576
@@ -191,7 +197,7 @@ def tune(device: str, cases: list[Case]) -> kvk.GatherConfig:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="vllm-bwx bench kv-gather", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python benchmarks/bench_kv_gather.py", description=__doc__)
     ap.add_argument("--out-dir", default="benchmarks/results")
     ap.add_argument("--gpu", default=None, help="name in the result files (default: detected)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
@@ -294,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     shown = [
         a for i, a in enumerate(argv) if a != "--out-dir" and (i == 0 or argv[i - 1] != "--out-dir")
     ]
-    command = "vllm-bwx bench kv-gather " + " ".join(shown)
+    command = "python benchmarks/bench_kv_gather.py " + " ".join(shown)
     report(rows, args.gpu or gpu_slug(), "kv-gather", command.strip(), args.out_dir, notes)
     return 0
 

@@ -4,7 +4,7 @@ Qwen3-8B shapes (32 query heads, 8 KV heads, head 128, block 16), pages shuffled
 the serving shapes that matter: decode (bf16 and fp8 KV), spec-verify and DFlash draft blocks
 (query 8/16, causal and not), the sliding-window draft layer and prefill. GB/s counts the KV
 bytes a case must read (in the cache dtype) per second; the copy roofline is measured in the
-same run. Peers: `vllm-triton-unified` (vLLM's kernel via `bench/vllm_peer.py`,
+same run. Peers: `vllm-triton-unified` (vLLM's kernel via `benchmarks/vllm_peer.py`,
 scratch sized as vLLM's TritonAttentionMetadataBuilder sizes it) and, for prefill, `sdpa`
 (torch SDPA on contiguous K/V, which dispatches to FlashAttention).
 
@@ -19,10 +19,14 @@ import gc
 import sys
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "src")]  # run from a checkout: `benchmarks.*`, the package
 
 import torch
 
-from vllm_blackwell_ext.bench.harness import (
+from benchmarks.harness import (
     Row,
     bench_us,
     copy_roofline_gbps,
@@ -30,7 +34,7 @@ from vllm_blackwell_ext.bench.harness import (
     progress,
     report,
 )
-from vllm_blackwell_ext.bench.vllm_peer import load_vllm_peer, peer_not_run_note
+from benchmarks.vllm_peer import load_vllm_peer, peer_not_run_note
 from vllm_blackwell_ext.kernels.device import device_info
 from vllm_blackwell_ext.kernels.paged_attention import (
     SplitKVWorkspace,
@@ -293,7 +297,9 @@ def run_case(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python benchmarks/bench_paged_attention.py", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--out-dir", default="benchmarks/results")
     ap.add_argument(
         "--peer-dir", default=".peer", help="vLLM kernels from scripts/fetch_vllm_peer.sh"
