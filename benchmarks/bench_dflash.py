@@ -37,7 +37,7 @@ import torch
 
 from benchmarks.dflash_pair import PairSettings, build_pair, held_out_prompts
 from benchmarks.harness import progress
-from vllm_blackwell_ext.testing.engine_job import run_job_in_process
+from vllm_blackwell_ext.demo.engine_job import run_job_in_process
 
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-bwx"
 

@@ -33,7 +33,7 @@ def cpu_setup(backends: str) -> None:
 
 def tiny_model(kind: str) -> str:
     """A tiny random checkpoint of `kind` ('qwen3' or 'deepseek-v2'), written once."""
-    from vllm_blackwell_ext.testing import tiny_models
+    from vllm_blackwell_ext.demo import tiny_models
 
     return str(tiny_models.WRITERS[kind](CACHE / kind))
 

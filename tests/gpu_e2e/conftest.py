@@ -5,7 +5,7 @@ The test modules skip, with the reason, where there is no CUDA GPU or no CUDA bu
 `scripts/gpu_kit.sh` brings vLLM there; then `scripts/gpu_kit.sh run python -m pytest
 tests/gpu_e2e`.
 
-Every engine of the suite is one job (`vllm_blackwell_ext.testing.engine_job` in its own
+Every engine of the suite is one job (`vllm_blackwell_ext.demo.engine_job` in its own
 process, which starts vLLM's engine core and worker as users see them). The session fixture
 starts them all, a few at a time on the one GPU (`BWX_GPU_E2E_JOBS`, default 3): each engine
 gets a fixed KV-cache size, so vLLM's memory profiling never reads another engine's usage.

@@ -1,8 +1,9 @@
 """Run a batch of generations through a real vLLM engine and report them as JSON.
 
-Used by the e2e tests (in a subprocess, so environment opt-ins apply to every vLLM process)
-and by `vllm-bwx demo`. vLLM starts its engine core and workers in spawned processes, so
-this module must only do work under `if __name__ == "__main__"` or when called.
+Used by `vllm-bwx demo`, the DFlash acceptance benchmark and the e2e tests, each job in a
+child process so environment opt-ins apply to every vLLM process. vLLM starts its engine core
+and workers in spawned processes, so this module must only do work under
+`if __name__ == "__main__"` or when called.
 
 Job spec (JSON): {"model": dir, "llm_kwargs": {...}, "register_backends": {name: class path},
 "runs": [{"name": str, "prompts": [[token ids], ...], "sampling": {SamplingParams kwargs},
@@ -150,7 +151,7 @@ def run_job_in_process(
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path, out_path, log_path = workdir / "spec.json", workdir / "out.json", workdir / "log"
     spec_path.write_text(json.dumps(spec))
-    cmd = [sys.executable, "-m", "vllm_blackwell_ext.testing.engine_job", spec_path, out_path]
+    cmd = [sys.executable, "-m", "vllm_blackwell_ext.demo.engine_job", spec_path, out_path]
     with open(log_path, "w") as log:
         proc = subprocess.run(
             cmd,
@@ -168,7 +169,7 @@ def run_job_in_process(
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
-        print("usage: python -m vllm_blackwell_ext.testing.engine_job SPEC.json OUT.json")
+        print("usage: python -m vllm_blackwell_ext.demo.engine_job SPEC.json OUT.json")
         return 2
     with open(argv[0]) as f:
         spec = json.load(f)
