@@ -20,40 +20,37 @@ from __future__ import annotations
 import torch
 
 from .kernels import kv_gather as _kv
+from .kernels.checks import fail
 
 NAMESPACE = "vllm_blackwell_ext"
 
 
-def _fail(exc: type[Exception], arg: str, expected: str, got: object) -> None:
-    raise exc(f"{arg}: expected {expected}, got {got}")
-
-
 def _check_index(name: str, t: object, device: torch.device, ndim: int) -> None:
     if not isinstance(t, torch.Tensor):
-        _fail(TypeError, name, "a torch.Tensor", type(t).__name__)
+        fail(TypeError, name, "a torch.Tensor", type(t).__name__)
     if t.dtype != torch.int32:
-        _fail(TypeError, name, "dtype torch.int32", t.dtype)
+        fail(TypeError, name, "dtype torch.int32", t.dtype)
     if t.device != device:
-        _fail(ValueError, name, f"a tensor on {device} (src_cache's device)", t.device)
+        fail(ValueError, name, f"a tensor on {device} (src_cache's device)", t.device)
     if t.dim() != ndim:
-        _fail(ValueError, name, f"a {ndim}-D tensor", f"shape {tuple(t.shape)}")
+        fail(ValueError, name, f"a {ndim}-D tensor", f"shape {tuple(t.shape)}")
     if t.stride(-1) != 1 and t.numel() > 1:
-        _fail(ValueError, name, "unit stride in the last dim", f"strides {t.stride()}")
+        fail(ValueError, name, "unit stride in the last dim", f"strides {t.stride()}")
 
 
 def _check_cache_and_dst(src_cache: object, dst: object) -> None:
     if not isinstance(src_cache, torch.Tensor):
-        _fail(TypeError, "src_cache", "a torch.Tensor", type(src_cache).__name__)
+        fail(TypeError, "src_cache", "a torch.Tensor", type(src_cache).__name__)
     if not isinstance(dst, torch.Tensor):
-        _fail(TypeError, "dst", "a torch.Tensor", type(dst).__name__)
+        fail(TypeError, "dst", "a torch.Tensor", type(dst).__name__)
     if src_cache.dim() < 3:
-        _fail(ValueError, "src_cache", "[num_blocks, block_size, *entry]", tuple(src_cache.shape))
+        fail(ValueError, "src_cache", "[num_blocks, block_size, *entry]", tuple(src_cache.shape))
     if src_cache.shape[1] < 1:
-        _fail(ValueError, "src_cache", "block_size (dim 1) >= 1", src_cache.shape[1])
+        fail(ValueError, "src_cache", "block_size (dim 1) >= 1", src_cache.shape[1])
     if dst.device != src_cache.device:
-        _fail(ValueError, "dst", f"a tensor on {src_cache.device} (src_cache's device)", dst.device)
+        fail(ValueError, "dst", f"a tensor on {src_cache.device} (src_cache's device)", dst.device)
     if dst.shape[1:] != src_cache.shape[2:]:
-        _fail(
+        fail(
             ValueError,
             "dst",
             f"entry shape {tuple(src_cache.shape[2:])} (src_cache's shape after the first two "
@@ -61,11 +58,11 @@ def _check_cache_and_dst(src_cache: object, dst: object) -> None:
             f"shape {tuple(dst.shape)}",
         )
     if not _kv._entry_is_dense(src_cache, 2):
-        _fail(
+        fail(
             ValueError, "src_cache", "each token's entry laid out contiguously", src_cache.stride()
         )
     if not _kv._entry_is_dense(dst, 1):
-        _fail(ValueError, "dst", "each row's entry laid out contiguously", dst.stride())
+        fail(ValueError, "dst", "each row's entry laid out contiguously", dst.stride())
 
 
 def _check_common(src_cache, dst, block_table, cu_seq_lens, batch: int, seq_starts) -> None:
@@ -73,11 +70,11 @@ def _check_common(src_cache, dst, block_table, cu_seq_lens, batch: int, seq_star
     _check_index("block_table", block_table, dev, 2)
     _check_index("cu_seq_lens", cu_seq_lens, dev, 1)
     if cu_seq_lens.numel() != batch + 1:
-        _fail(ValueError, "cu_seq_lens", f"{batch + 1} entries (batch + 1)", cu_seq_lens.numel())
+        fail(ValueError, "cu_seq_lens", f"{batch + 1} entries (batch + 1)", cu_seq_lens.numel())
     if seq_starts is not None:
         _check_index("seq_starts", seq_starts, dev, 1)
         if seq_starts.numel() < batch:
-            _fail(
+            fail(
                 ValueError,
                 "seq_starts",
                 f"at least {batch} entries (one a sequence)",
@@ -98,54 +95,54 @@ def _validate_gather(
 ) -> None:
     _check_cache_and_dst(src_cache, dst)
     if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in _kv.KV_CACHE_DTYPES:
-        _fail(
+        fail(
             ValueError,
             "kv_cache_dtype",
             f"one of {list(_kv.KV_CACHE_DTYPES)}",
             repr(kv_cache_dtype),
         )
     if not isinstance(num_tokens, int) or isinstance(num_tokens, bool):
-        _fail(TypeError, "num_tokens", "an int", type(num_tokens).__name__)
+        fail(TypeError, "num_tokens", "an int", type(num_tokens).__name__)
     if num_tokens < 0:
-        _fail(ValueError, "num_tokens", "a count >= 0", num_tokens)
+        fail(ValueError, "num_tokens", "a count >= 0", num_tokens)
     if dst.dtype not in _kv.DST_DTYPES:
-        _fail(TypeError, "dst", f"dtype in {list(_kv.DST_DTYPES)}", dst.dtype)
+        fail(TypeError, "dst", f"dtype in {list(_kv.DST_DTYPES)}", dst.dtype)
     if dst.dim() < 1 or dst.shape[0] < num_tokens:
-        _fail(
+        fail(
             ValueError, "dst", f"at least num_tokens={num_tokens} rows", f"shape {tuple(dst.shape)}"
         )
     fp8 = _kv.FP8_KV_CACHE_DTYPES.get(kv_cache_dtype)
     if fp8 is not None:
         if src_cache.dtype not in (torch.uint8, fp8):
-            _fail(
+            fail(
                 TypeError,
                 "src_cache",
                 f"dtype torch.uint8 or {fp8} for kv_cache_dtype={kv_cache_dtype!r}",
                 src_cache.dtype,
             )
         if scale is None:
-            _fail(
+            fail(
                 ValueError,
                 "scale",
                 f"a 1-element float32 tensor for kv_cache_dtype={kv_cache_dtype!r}",
                 None,
             )
         if not isinstance(scale, torch.Tensor):
-            _fail(TypeError, "scale", "a 1-element float32 tensor", type(scale).__name__)
+            fail(TypeError, "scale", "a 1-element float32 tensor", type(scale).__name__)
         if scale.dtype != torch.float32 or scale.numel() != 1:
-            _fail(
+            fail(
                 TypeError,
                 "scale",
                 "a 1-element float32 tensor",
                 f"dtype {scale.dtype}, {scale.numel()} elements",
             )
         if scale.device != src_cache.device:
-            _fail(ValueError, "scale", f"a tensor on {src_cache.device}", scale.device)
+            fail(ValueError, "scale", f"a tensor on {src_cache.device}", scale.device)
     else:
         want = _kv.PLAIN_KV_CACHE_DTYPES[kv_cache_dtype]
         allowed = (want,) if want is not None else _kv.DST_DTYPES
         if src_cache.dtype not in allowed:
-            _fail(
+            fail(
                 TypeError,
                 "src_cache",
                 f"dtype in {list(allowed)} for kv_cache_dtype="
@@ -156,7 +153,7 @@ def _validate_gather(
     _check_common(src_cache, dst, block_table, cu_seq_lens, batch, seq_starts)
     _check_index("token_to_seq", token_to_seq, src_cache.device, 1)
     if token_to_seq.numel() < num_tokens:
-        _fail(
+        fail(
             ValueError,
             "token_to_seq",
             f"at least num_tokens={num_tokens} entries",
@@ -167,14 +164,14 @@ def _validate_gather(
 def _validate_cp_gather(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts) -> None:
     _check_cache_and_dst(src_cache, dst)
     if not isinstance(batch_size, int) or isinstance(batch_size, bool):
-        _fail(TypeError, "batch_size", "an int", type(batch_size).__name__)
+        fail(TypeError, "batch_size", "an int", type(batch_size).__name__)
     if batch_size < 0:
-        _fail(ValueError, "batch_size", "a count >= 0", batch_size)
+        fail(ValueError, "batch_size", "a count >= 0", batch_size)
     if dst.dtype != src_cache.dtype:
-        _fail(TypeError, "dst", f"src_cache's dtype {src_cache.dtype} (a raw copy)", dst.dtype)
+        fail(TypeError, "dst", f"src_cache's dtype {src_cache.dtype} (a raw copy)", dst.dtype)
     _check_common(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts)
     if block_table.shape[0] < batch_size:
-        _fail(
+        fail(
             ValueError,
             "block_table",
             f"at least batch_size={batch_size} rows",

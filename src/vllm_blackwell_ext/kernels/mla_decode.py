@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_blackwell_ext.kernels.checks import fail
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
 from vllm_blackwell_ext.kernels.mla_decode_configs import MlaDecodeConfig, get_mla_decode_config
 
@@ -409,7 +410,7 @@ class MlaDecodeWorkspace:
         return self.l_part.shape[0]
 
 
-def _check(
+def _validate(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
     block_table: torch.Tensor,
@@ -420,63 +421,74 @@ def _check(
     k_scale: torch.Tensor | None,
     lse_out: torch.Tensor | None,
 ) -> None:
+    """Shape/dtype checks on metadata only (never reads device memory)."""
     if kv_lora_rank not in SUPPORTED_LATENT:
-        raise ValueError(
-            f"kv_lora_rank must be one of {sorted(SUPPORTED_LATENT)}, got {kv_lora_rank}"
-        )
+        fail(ValueError, "kv_lora_rank", f"one of {sorted(SUPPORTED_LATENT)}", kv_lora_rank)
     width = kv_lora_rank + SUPPORTED_LATENT[kv_lora_rank]
     if q.dim() != 3 or q.shape[-1] != width:
-        raise ValueError(f"q must be [num_tokens, num_heads, {width}], got {tuple(q.shape)}")
+        fail(ValueError, "q", f"[num_tokens, num_heads, {width}]", f"shape {tuple(q.shape)}")
     if q.dtype not in (torch.bfloat16, torch.float16):
-        raise TypeError(f"q must be bfloat16 or float16, got {q.dtype}")
+        fail(TypeError, "q", "dtype bfloat16 or float16", q.dtype)
     if q.stride(-1) != 1:
-        raise ValueError(f"q's last dim must be contiguous, got strides {q.stride()}")
+        fail(ValueError, "q", "a contiguous last dim", f"strides {q.stride()}")
     if kv_cache.dim() != 3 or kv_cache.shape[-1] != width:
-        raise ValueError(
-            f"kv_cache must be [num_blocks, block_size, {width}], got {tuple(kv_cache.shape)}"
+        fail(
+            ValueError,
+            "kv_cache",
+            f"[num_blocks, block_size, {width}]",
+            f"shape {tuple(kv_cache.shape)}",
         )
     if kv_cache.dtype not in (q.dtype, torch.float8_e4m3fn):
-        raise TypeError(f"kv_cache must be {q.dtype} or torch.float8_e4m3fn, got {kv_cache.dtype}")
+        fail(TypeError, "kv_cache", f"dtype {q.dtype} (q's) or torch.float8_e4m3fn", kv_cache.dtype)
     if kv_cache.stride(-1) != 1:
-        raise ValueError(f"kv_cache's last dim must be contiguous, got strides {kv_cache.stride()}")
+        fail(ValueError, "kv_cache", "a contiguous last dim", f"strides {kv_cache.stride()}")
     if kv_cache.dtype == torch.float8_e4m3fn and k_scale is None:
-        raise ValueError("k_scale is required for a float8_e4m3fn kv_cache, got None")
+        fail(ValueError, "k_scale", "a 1-element float32 tensor for a float8_e4m3fn kv_cache", None)
     if k_scale is not None and (k_scale.numel() != 1 or k_scale.dtype != torch.float32):
-        raise ValueError(
-            f"k_scale must be a 1-element float32 tensor, got {k_scale.dtype} "
-            f"{tuple(k_scale.shape)}"
+        fail(
+            ValueError,
+            "k_scale",
+            "a 1-element float32 tensor",
+            f"{k_scale.dtype} {tuple(k_scale.shape)}",
         )
     if block_table.dtype != torch.int32 or block_table.dim() != 2:
-        raise TypeError(
-            f"block_table must be int32 [batch, max_blocks], got {block_table.dtype} "
-            f"{tuple(block_table.shape)}"
+        fail(
+            TypeError,
+            "block_table",
+            "int32 [batch, max_blocks]",
+            f"{block_table.dtype} {tuple(block_table.shape)}",
         )
     if block_table.stride(-1) != 1:
-        raise ValueError(f"block_table's last dim must be contiguous, got {block_table.stride()}")
+        fail(ValueError, "block_table", "a contiguous last dim", f"strides {block_table.stride()}")
     if seq_lens.dtype != torch.int32 or seq_lens.dim() != 1:
-        raise TypeError(
-            f"seq_lens must be int32 [batch], got {seq_lens.dtype} {tuple(seq_lens.shape)}"
-        )
+        fail(TypeError, "seq_lens", "int32 [batch]", f"{seq_lens.dtype} {tuple(seq_lens.shape)}")
     if not 1 <= query_len <= MAX_QUERY_LEN:
-        raise ValueError(f"query_len must be in [1, {MAX_QUERY_LEN}], got {query_len}")
+        fail(ValueError, "query_len", f"a value in [1, {MAX_QUERY_LEN}]", query_len)
     batch = seq_lens.shape[0]
     if q.shape[0] != batch * query_len:
-        raise ValueError(
-            f"q has {q.shape[0]} tokens; expected batch * query_len = {batch} * {query_len}"
+        fail(
+            ValueError,
+            "q",
+            f"batch * query_len = {batch} * {query_len} tokens",
+            f"{q.shape[0]} tokens",
         )
     if block_table.shape[0] < batch:
-        raise ValueError(f"block_table has {block_table.shape[0]} rows, fewer than batch={batch}")
+        fail(ValueError, "block_table", f"at least batch = {batch} rows", block_table.shape[0])
     if out.shape != (q.shape[0], q.shape[1], kv_lora_rank) or out.stride(-1) != 1:
-        raise ValueError(
-            f"out must be [{q.shape[0]}, {q.shape[1]}, {kv_lora_rank}] with a contiguous last "
-            f"dim, got {tuple(out.shape)} strides {out.stride()}"
+        fail(
+            ValueError,
+            "out",
+            f"[{q.shape[0]}, {q.shape[1]}, {kv_lora_rank}] with a contiguous last dim",
+            f"shape {tuple(out.shape)} strides {out.stride()}",
         )
     if lse_out is not None and (
         lse_out.shape != q.shape[:2] or lse_out.dtype != torch.float32 or lse_out.stride(-1) != 1
     ):
-        raise ValueError(
-            f"lse_out must be float32 [{q.shape[0]}, {q.shape[1]}] with a contiguous last dim, "
-            f"got {lse_out.dtype} {tuple(lse_out.shape)}"
+        fail(
+            ValueError,
+            "lse_out",
+            f"float32 [{q.shape[0]}, {q.shape[1]}] with a contiguous last dim",
+            f"{lse_out.dtype} {tuple(lse_out.shape)} strides {lse_out.stride()}",
         )
 
 
@@ -513,7 +525,7 @@ def mla_decode(
     `seq_lens`) feeds the split planner. `config` overrides the table's launch config (tuning);
     `compiled`, when a list, receives the compiled split kernel (for shared/regs/spills).
     """
-    _check(q, kv_cache, block_table, seq_lens, out, kv_lora_rank, query_len, k_scale, lse_out)
+    _validate(q, kv_cache, block_table, seq_lens, out, kv_lora_rank, query_len, k_scale, lse_out)
     num_tokens, num_heads, _ = q.shape
     batch = seq_lens.shape[0]
     rope_dim = SUPPORTED_LATENT[kv_lora_rank]
@@ -529,7 +541,7 @@ def mla_decode(
         )
     else:
         if num_splits < 1:
-            raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+            fail(ValueError, "num_splits", ">= 1", num_splits)
         cfg = config or get_mla_decode_config(
             info.device_class, _kv_tag(kv_cache.dtype), query_len * num_heads
         )
@@ -547,10 +559,12 @@ def mla_decode(
                 num_tokens, num_heads, num_splits, kv_lora_rank, q.device
             )
         if workspace.capacity_rows < need or workspace.o_part.shape[1] != kv_lora_rank:
-            raise ValueError(
-                f"workspace holds {workspace.capacity_rows} rows of "
-                f"{workspace.o_part.shape[1]}; this call needs {need} rows of {kv_lora_rank} "
-                f"({num_tokens} tokens x {num_heads} heads x {num_splits} splits)"
+            fail(
+                ValueError,
+                "workspace",
+                f"at least {need} rows of {kv_lora_rank} ({num_tokens} tokens x {num_heads} "
+                f"heads x {num_splits} splits)",
+                f"{workspace.capacity_rows} rows of {workspace.o_part.shape[1]}",
             )
         o_part = workspace.o_part[:need].view(num_tokens, num_heads, num_splits, kv_lora_rank)
         l_part = workspace.l_part[:need].view(num_tokens, num_heads, num_splits)

@@ -26,13 +26,13 @@ into the softmax scale and the v scale into the output: no extra pass over the t
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from .checks import fail
 from .device import DeviceInfo, device_info
 from .paged_attention_configs import (
     MAX_SPLITS,
@@ -460,82 +460,51 @@ class SplitKVWorkspace:
         )
 
 
-def _check(cond: bool, exc: type[Exception], msg: Callable[[], str]) -> None:
-    # The message is built only on failure: formatting 40 f-strings per call cost ~0.2 ms
-    # of host time per launch, more than a decode step's GPU time.
-    if not cond:
-        raise exc(msg())
-
-
 def _check_cache(name: str, c: torch.Tensor, q: torch.Tensor) -> None:
-    _check(
-        c.dim() == 4,
-        ValueError,
-        lambda: (
-            f"{name}: expected [num_blocks, block_size, num_kv_heads, head_size], "
-            f"got shape {tuple(c.shape)}"
-        ),
-    )
-    if c.dtype == torch.uint8:
-        raise TypeError(
-            f"{name}: got a uint8 cache; view it as the fp8 dtype it holds "
-            f"(e.g. {name}.view(torch.float8_e4m3fn)) before calling"
+    if c.dim() != 4:
+        fail(
+            ValueError,
+            name,
+            "[num_blocks, block_size, num_kv_heads, head_size]",
+            f"shape {tuple(c.shape)}",
         )
-    _check(
-        c.dtype in SUPPORTED_KV_DTYPES,
-        TypeError,
-        lambda: f"{name}: expected dtype in {SUPPORTED_KV_DTYPES}, got {c.dtype}",
-    )
-    _check(
-        c.stride(3) == 1,
-        ValueError,
-        lambda: f"{name}: expected a contiguous head dim, got strides {c.stride()}",
-    )
-    _check(
-        c.device == q.device,
-        ValueError,
-        lambda: f"{name}: expected device {q.device}, got {c.device}",
-    )
+    if c.dtype == torch.uint8:
+        fail(
+            TypeError,
+            name,
+            f"the fp8 dtype a uint8 cache holds (view it first, e.g. "
+            f"{name}.view(torch.float8_e4m3fn))",
+            "a uint8 cache",
+        )
+    if c.dtype not in SUPPORTED_KV_DTYPES:
+        fail(TypeError, name, f"dtype in {SUPPORTED_KV_DTYPES}", c.dtype)
+    if c.stride(3) != 1:
+        fail(ValueError, name, "a contiguous head dim", f"strides {c.stride()}")
+    if c.device != q.device:
+        fail(ValueError, name, f"device {q.device}", c.device)
 
 
 def _check_head_size(name: str, hs: int) -> None:
-    _check(
-        hs in SUPPORTED_HEAD_SIZES,
-        ValueError,
-        lambda: f"{name}: head size {hs} not in {SUPPORTED_HEAD_SIZES}",
-    )
+    if hs not in SUPPORTED_HEAD_SIZES:
+        fail(ValueError, name, f"head size in {SUPPORTED_HEAD_SIZES}", f"head size {hs}")
 
 
 def _check_index_tensor(name: str, t: torch.Tensor, nd: int, q: torch.Tensor) -> None:
-    _check(
-        t.dtype == torch.int32,
-        TypeError,
-        lambda: f"{name}: expected dtype int32, got {t.dtype}",
-    )
-    _check(
-        t.dim() == nd,
-        ValueError,
-        lambda: f"{name}: expected {nd} dims, got shape {tuple(t.shape)}",
-    )
-    _check(
-        t.device == q.device,
-        ValueError,
-        lambda: f"{name}: expected device {q.device}, got {t.device}",
-    )
+    if t.dtype != torch.int32:
+        fail(TypeError, name, "dtype int32", t.dtype)
+    if t.dim() != nd:
+        fail(ValueError, name, f"{nd} dims", f"shape {tuple(t.shape)}")
+    if t.device != q.device:
+        fail(ValueError, name, f"device {q.device}", t.device)
 
 
 def _check_scale(name: str, sc: torch.Tensor | None, q: torch.Tensor) -> None:
-    if sc is not None:
-        _check(
-            sc.dtype == torch.float32 and sc.numel() >= 1,
-            ValueError,
-            lambda: f"{name}: expected a 1-element fp32 tensor, got {sc.dtype} {tuple(sc.shape)}",
-        )
-        _check(
-            sc.device == q.device,
-            ValueError,
-            lambda: f"{name}: expected device {q.device}, got {sc.device}",
-        )
+    if sc is None:
+        return
+    if sc.dtype != torch.float32 or sc.numel() < 1:
+        fail(ValueError, name, "a 1-element fp32 tensor", f"{sc.dtype} {tuple(sc.shape)}")
+    if sc.device != q.device:
+        fail(ValueError, name, f"device {q.device}", sc.device)
 
 
 def _validate(
@@ -556,82 +525,47 @@ def _validate(
     max_seqlen_k: int,
 ) -> None:
     """Shape/dtype/device checks on metadata only (never reads device memory)."""
-    _check(
-        q.dim() == 3,
-        ValueError,
-        lambda: f"q: expected [num_tokens, num_q_heads, head_size], got shape {tuple(q.shape)}",
-    )
-    _check(
-        q.dtype in SUPPORTED_Q_DTYPES,
-        TypeError,
-        lambda: f"q: expected dtype bf16 or fp16, got {q.dtype}",
-    )
-    _check(
-        q.stride(2) == 1,
-        ValueError,
-        lambda: f"q: expected a contiguous last dim, got strides {q.stride()}",
-    )
+    if q.dim() != 3:
+        fail(ValueError, "q", "[num_tokens, num_q_heads, head_size]", f"shape {tuple(q.shape)}")
+    if q.dtype not in SUPPORTED_Q_DTYPES:
+        fail(TypeError, "q", "dtype bf16 or fp16", q.dtype)
+    if q.stride(2) != 1:
+        fail(ValueError, "q", "a contiguous last dim", f"strides {q.stride()}")
     for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
         _check_cache(name, c, q)
-    _check(
-        value_cache.dtype == key_cache.dtype,
-        TypeError,
-        lambda: (
-            f"value_cache: expected the key_cache dtype {key_cache.dtype}, got {value_cache.dtype}"
-        ),
-    )
-    _check(
-        tuple(value_cache.shape[:3]) == tuple(key_cache.shape[:3]),
-        ValueError,
-        lambda: (
-            f"value_cache: expected leading dims {tuple(key_cache.shape[:3])} like key_cache, "
-            f"got {tuple(value_cache.shape[:3])}"
-        ),
-    )
+    if value_cache.dtype != key_cache.dtype:
+        fail(TypeError, "value_cache", f"the key_cache dtype {key_cache.dtype}", value_cache.dtype)
+    if tuple(value_cache.shape[:3]) != tuple(key_cache.shape[:3]):
+        fail(
+            ValueError,
+            "value_cache",
+            f"leading dims {tuple(key_cache.shape[:3])} like key_cache",
+            tuple(value_cache.shape[:3]),
+        )
     num_tokens, num_q_heads, head_size = q.shape
     _, block_size, num_kv_heads, head_size_k = key_cache.shape
     head_size_v = value_cache.shape[3]
-    _check(
-        head_size_k == head_size,
-        ValueError,
-        lambda: f"key_cache: expected head_size {head_size} (from q), got {head_size_k}",
-    )
+    if head_size_k != head_size:
+        fail(ValueError, "key_cache", f"head_size {head_size} (from q)", head_size_k)
     for name, hs in (("q", head_size), ("value_cache", head_size_v)):
         _check_head_size(name, hs)
-    _check(
-        block_size % 16 == 0 and block_size > 0,
-        ValueError,
-        lambda: f"key_cache: expected a block_size multiple of 16, got {block_size}",
-    )
-    _check(
-        num_kv_heads > 0 and num_q_heads % num_kv_heads == 0,
-        ValueError,
-        lambda: (
-            f"q: expected num_q_heads a multiple of num_kv_heads={num_kv_heads}, got {num_q_heads}"
-        ),
-    )
-    _check(
-        tuple(out.shape) == (num_tokens, num_q_heads, head_size_v),
-        ValueError,
-        lambda: (
-            f"out: expected shape {(num_tokens, num_q_heads, head_size_v)}, got {tuple(out.shape)}"
-        ),
-    )
-    _check(
-        out.dtype == q.dtype,
-        TypeError,
-        lambda: f"out: expected dtype {q.dtype} like q, got {out.dtype}",
-    )
-    _check(
-        out.stride(2) == 1,
-        ValueError,
-        lambda: f"out: expected a contiguous last dim, got strides {out.stride()}",
-    )
-    _check(
-        out.device == q.device,
-        ValueError,
-        lambda: f"out: expected device {q.device}, got {out.device}",
-    )
+    if block_size % 16 != 0 or block_size <= 0:
+        fail(ValueError, "key_cache", "a block_size multiple of 16", block_size)
+    if num_kv_heads <= 0 or num_q_heads % num_kv_heads != 0:
+        fail(ValueError, "q", f"num_q_heads a multiple of num_kv_heads={num_kv_heads}", num_q_heads)
+    if tuple(out.shape) != (num_tokens, num_q_heads, head_size_v):
+        fail(
+            ValueError,
+            "out",
+            f"shape {(num_tokens, num_q_heads, head_size_v)}",
+            tuple(out.shape),
+        )
+    if out.dtype != q.dtype:
+        fail(TypeError, "out", f"dtype {q.dtype} like q", out.dtype)
+    if out.stride(2) != 1:
+        fail(ValueError, "out", "a contiguous last dim", f"strides {out.stride()}")
+    if out.device != q.device:
+        fail(ValueError, "out", f"device {q.device}", out.device)
     for name, t, nd in (
         ("cu_seqlens_q", cu_seqlens_q, 1),
         ("seq_lens", seq_lens, 1),
@@ -639,74 +573,55 @@ def _validate(
     ):
         _check_index_tensor(name, t, nd, q)
     batch = seq_lens.shape[0]
-    _check(
-        cu_seqlens_q.shape[0] == batch + 1,
-        ValueError,
-        lambda: (
-            f"cu_seqlens_q: expected batch + 1 = {batch + 1} entries (seq_lens has {batch}), "
-            f"got {cu_seqlens_q.shape[0]}"
-        ),
-    )
-    _check(
-        block_table.shape[0] >= batch and block_table.stride(1) == 1,
-        ValueError,
-        lambda: (
-            f"block_table: expected [batch >= {batch}, max_blocks] with contiguous rows, "
-            f"got shape {tuple(block_table.shape)} strides {block_table.stride()}"
-        ),
-    )
-    _check(
-        isinstance(max_seqlen_q, int) and max_seqlen_q >= 0,
-        ValueError,
-        lambda: f"max_seqlen_q: expected a non-negative int, got {max_seqlen_q!r}",
-    )
-    _check(
-        isinstance(max_seqlen_k, int) and max_seqlen_k >= 0,
-        ValueError,
-        lambda: f"max_seqlen_k: expected a non-negative int, got {max_seqlen_k!r}",
-    )
-    _check(
-        sliding_window is None or (isinstance(sliding_window, int) and sliding_window > 0),
-        ValueError,
-        lambda: f"sliding_window: expected None or a positive int, got {sliding_window!r}",
-    )
-    _check(softcap >= 0.0, ValueError, lambda: f"softcap: expected >= 0 (0 = off), got {softcap}")
+    if cu_seqlens_q.shape[0] != batch + 1:
+        fail(
+            ValueError,
+            "cu_seqlens_q",
+            f"batch + 1 = {batch + 1} entries (seq_lens has {batch})",
+            cu_seqlens_q.shape[0],
+        )
+    if block_table.shape[0] < batch or block_table.stride(1) != 1:
+        fail(
+            ValueError,
+            "block_table",
+            f"[batch >= {batch}, max_blocks] with contiguous rows",
+            f"shape {tuple(block_table.shape)} strides {block_table.stride()}",
+        )
+    if not isinstance(max_seqlen_q, int) or max_seqlen_q < 0:
+        fail(ValueError, "max_seqlen_q", "a non-negative int", repr(max_seqlen_q))
+    if not isinstance(max_seqlen_k, int) or max_seqlen_k < 0:
+        fail(ValueError, "max_seqlen_k", "a non-negative int", repr(max_seqlen_k))
+    if sliding_window is not None and not (isinstance(sliding_window, int) and sliding_window > 0):
+        fail(ValueError, "sliding_window", "None or a positive int", repr(sliding_window))
+    if not softcap >= 0.0:
+        fail(ValueError, "softcap", ">= 0 (0 = off)", softcap)
     if sinks is not None:
-        _check(
-            sinks.dtype == torch.float32 and tuple(sinks.shape) == (num_q_heads,),
-            ValueError,
-            lambda: f"sinks: expected fp32 [{num_q_heads}], got {sinks.dtype} {tuple(sinks.shape)}",
-        )
-        _check(
-            sinks.device == q.device,
-            ValueError,
-            lambda: f"sinks: expected device {q.device}, got {sinks.device}",
-        )
+        if sinks.dtype != torch.float32 or tuple(sinks.shape) != (num_q_heads,):
+            fail(
+                ValueError, "sinks", f"fp32 [{num_q_heads}]", f"{sinks.dtype} {tuple(sinks.shape)}"
+            )
+        if sinks.device != q.device:
+            fail(ValueError, "sinks", f"device {q.device}", sinks.device)
     for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
         _check_scale(name, sc, q)
-    _check(
-        (k_scale is None) == (v_scale is None),
-        ValueError,
-        lambda: (
-            f"k_scale/v_scale: expected both or neither, "
-            f"got k_scale={'set' if k_scale is not None else None}, "
-            f"v_scale={'set' if v_scale is not None else None}"
-        ),
-    )
+    if (k_scale is None) != (v_scale is None):
+        fail(
+            ValueError,
+            "k_scale/v_scale",
+            "both or neither",
+            f"k_scale={'set' if k_scale is not None else None}, "
+            f"v_scale={'set' if v_scale is not None else None}",
+        )
     if lse_out is not None:
-        _check(
-            lse_out.dtype == torch.float32 and tuple(lse_out.shape) == (num_tokens, num_q_heads),
-            ValueError,
-            lambda: (
-                f"lse_out: expected fp32 [{num_tokens}, {num_q_heads}], "
-                f"got {lse_out.dtype} {tuple(lse_out.shape)}"
-            ),
-        )
-        _check(
-            lse_out.device == q.device,
-            ValueError,
-            lambda: f"lse_out: expected device {q.device}, got {lse_out.device}",
-        )
+        if lse_out.dtype != torch.float32 or tuple(lse_out.shape) != (num_tokens, num_q_heads):
+            fail(
+                ValueError,
+                "lse_out",
+                f"fp32 [{num_tokens}, {num_q_heads}]",
+                f"{lse_out.dtype} {tuple(lse_out.shape)}",
+            )
+        if lse_out.device != q.device:
+            fail(ValueError, "lse_out", f"device {q.device}", lse_out.device)
 
 
 def launch_config(
@@ -796,19 +711,15 @@ def paged_attention(
     if max_seqlen_q > cfg.block_q:
         splits = 1  # several query blocks per request: the grid is already wide (prefill)
     if splits > 1 and workspace is not None:
-        _check(
-            workspace.num_q_heads == num_q_heads and workspace.head_size_v == head_size_v,
-            ValueError,
-            lambda: (
-                f"workspace: expected [*, {num_q_heads}, {head_size_v}] scratch, got "
-                f"[*, {workspace.num_q_heads}, {workspace.head_size_v}]"
-            ),
-        )
-        _check(
-            workspace.partial_out.device == q.device,
-            ValueError,
-            lambda: f"workspace: expected device {q.device}, got {workspace.partial_out.device}",
-        )
+        if workspace.num_q_heads != num_q_heads or workspace.head_size_v != head_size_v:
+            fail(
+                ValueError,
+                "workspace",
+                f"[*, {num_q_heads}, {head_size_v}] scratch",
+                f"[*, {workspace.num_q_heads}, {workspace.head_size_v}]",
+            )
+        if workspace.partial_out.device != q.device:
+            fail(ValueError, "workspace", f"device {q.device}", workspace.partial_out.device)
         splits = min(splits, workspace.max_splits, workspace.max_rows // num_tokens)
     if splits > 1:
         if workspace is None:
