@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     setup = (
         f"Model: {arch} shapes, {args.layers} layers, dummy weights, bf16; vLLM defaults "
         f"(torch.compile, CUDA graphs; capture sizes {CAPTURE_SIZES}); each case: one untimed "
-        f"run, then the median of {args.repeats} timed runs (new prompts each)."
+        f"run, then the median of the timed runs (new prompts each; their count per engine below)."
     )
     results: list[dict[str, Any]] = []
     for label, backend, kv_dtype in progress(engines, desc="engines"):
@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             name = f"{gpu_slug()}-{op}-{slug}-B{args.profile_batch}"
             _keep_profile(Path(spec["profile_dir"]), Path(args.out_dir) / "profiles", name)
         print(f"[bench_engine] {label}: {time.perf_counter() - started:.0f} s", flush=True)
-        results.append({**result, "command": command})
+        results.append({**result, "command": command, "repeats": args.repeats})
         # Written after every engine, so a run cut short keeps what finished.
         ran = {r["label"] for r in results}
         merged = [r for r in kept if r["label"] not in ran] + results
@@ -419,8 +419,9 @@ def render(
         counts = [c.get("jit_compiles_in_timed_run") for c in r["cases"]]
         jit = "not counted" if None in counts else str(sum(counts))
         notes.append(
-            f"{r['label']}: engine start {r['load_s']:.0f} s; kernels vLLM's JIT monitor saw "
-            f"compiled during timed runs: {jit}; run by `{r.get('command', '?')}`"
+            f"{r['label']}: {r.get('repeats', 1)} timed run(s) per case; engine start "
+            f"{r['load_s']:.0f} s; kernels vLLM's JIT monitor saw compiled during timed runs: "
+            f"{jit}; run by `{r.get('command', '?')}`"
         )
     commands = sorted({r.get("command", "?") for r in results})
     report(rows, gpu, op, " ; ".join(commands), out_dir, notes=notes)
