@@ -6,7 +6,6 @@ subprocess, so it is idempotent and cheap; everything vLLM-specific is imported 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import multiprocessing
@@ -15,10 +14,14 @@ import sys
 import threading
 
 from vllm_blackwell_ext import components
+from vllm_blackwell_ext.vllm_compat import (
+    has_speculative_method_registry,
+    installed_vllm_version,
+    is_supported_vllm,
+    supported_vllm_text,
+)
 
 logger = logging.getLogger("vllm_blackwell_ext")
-
-SUPPORTED_VLLM_SERIES = (0, 32)
 
 # Opt-in: point vLLM's CPU attention entries at our backends, so a CPU engine (which ignores
 # --attention-backend) runs our code. Comma-separated subset of CPU_OVERRIDE_TARGETS.
@@ -29,27 +32,6 @@ TRACE_DIR_ENV = "BWX_TRACE_DIR"
 
 _lock = threading.Lock()
 _state: dict[str, object] = {"done": False, "warned": False, "registered": {}}
-
-
-def installed_vllm_version() -> str | None:
-    """The version string of the installed `vllm` module, or None when vLLM is absent."""
-    if importlib.util.find_spec("vllm") is None:
-        return None
-    try:
-        from vllm.version import __version__
-    except Exception:  # a broken install still must not break the caller
-        return "unknown"
-    return str(__version__)
-
-
-def is_supported_vllm(version: str | None) -> bool:
-    if not version:
-        return False
-    parts = version.split("+")[0].split(".")
-    try:
-        return (int(parts[0]), int(parts[1])) == SUPPORTED_VLLM_SERIES
-    except (ValueError, IndexError):
-        return False
 
 
 def parse_cpu_override(value: str | None) -> tuple[str, ...]:
@@ -77,9 +59,9 @@ def register() -> None:
             if not _state["warned"]:
                 _state["warned"] = True
                 logger.warning(
-                    "vllm-blackwell-ext supports vLLM %d.%d.x, found %s: registering nothing, "
+                    "vllm-blackwell-ext supports vLLM %s, found %s: registering nothing, "
                     "vLLM runs as if the plugin were not installed.",
-                    *SUPPORTED_VLLM_SERIES,
+                    supported_vllm_text(),
                     version,
                 )
             return
@@ -100,7 +82,12 @@ def registered_components() -> dict[str, dict[str, str]]:
 def _register_components(cpu_overrides: tuple[str, ...]) -> dict[str, dict[str, str]]:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-    result: dict[str, dict[str, str]] = {"backends": {}, "cpu_overrides": {}, "models": {}}
+    result: dict[str, dict[str, str]] = {
+        "backends": {},
+        "cpu_overrides": {},
+        "models": {},
+        "speculative_methods": {},
+    }
     for backend in components.available_backends():
         register_named_backend(backend.name, backend.class_path)
         result["backends"][backend.name] = backend.class_path
@@ -121,6 +108,16 @@ def _register_components(cpu_overrides: tuple[str, ...]) -> dict[str, dict[str, 
         for arch, qualname in models.items():
             ModelRegistry.register_model(arch, qualname)
             result["models"][arch] = qualname
+        if has_speculative_method_registry():
+            from vllm.v1.worker.gpu.spec_decode.speculator_config import (
+                register_speculative_method,
+            )
+
+            # By qualified name: vLLM imports the config only when the method is asked for.
+            register_speculative_method(components.DFLASH_METHOD, components.DFLASH_METHOD_CONFIG)
+            result["speculative_methods"][components.DFLASH_METHOD] = (
+                components.DFLASH_METHOD_CONFIG
+            )
     return result
 
 

@@ -11,16 +11,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_blackwell_ext import __version__, components
-from vllm_blackwell_ext._registration import (
-    CPU_OVERRIDE_ENV,
-    SUPPORTED_VLLM_SERIES,
-    installed_vllm_version,
-    is_supported_vllm,
-    parse_cpu_override,
-)
+from vllm_blackwell_ext._registration import CPU_OVERRIDE_ENV, parse_cpu_override
 from vllm_blackwell_ext.demo.command import BACKENDS, DEFAULT_DEMO_DIR, REFERENCE, run_demo
 from vllm_blackwell_ext.dflash.registration import takeover_enabled
 from vllm_blackwell_ext.host_cpu import cpu_summary, cpu_summary_line
+from vllm_blackwell_ext.vllm_compat import (
+    installed_vllm_version,
+    is_supported_vllm,
+    supported_vllm_text,
+)
 
 # vLLM loads only the plugins this comma list names, when it is set (even to "").
 PLUGIN_FILTER_ENV = "VLLM_PLUGINS"
@@ -113,7 +112,7 @@ def _backend_status(entry: components.BackendEntry, vllm_ok: bool, dev: dict) ->
     if not components.module_exists(module):
         return "no: not part of this build"
     if not vllm_ok:
-        return "no: needs vLLM 0.32.x"
+        return f"no: needs vLLM {supported_vllm_text()}"
     if not dev.get("available"):
         return (
             "no GPU: only the CPU test path (TRITON_INTERPRET=1 with "
@@ -148,7 +147,7 @@ def doctor_report(env: Mapping[str, str] | None = None) -> tuple[dict[str, Any],
         "plugin": __version__,
         "vllm": vllm_version or "not installed",
         "vllm_supported": vllm_ok,
-        "supported_vllm": "{}.{}.x".format(*SUPPORTED_VLLM_SERIES),
+        "supported_vllm": supported_vllm_text(),
         "torch": _module_version("torch") or "not installed",
         "triton": _module_version("triton") or "not installed",
         "entry_point_found": _entry_point_found(),
@@ -226,6 +225,8 @@ def _print_doctor(report: dict[str, Any], ok: bool) -> None:
         print(f"  CPU override {member} -> {path}  ({CPU_OVERRIDE_ENV})")
     for arch, path in reg.get("models", {}).items():
         print(f"  draft model {arch} -> {path}")
+    for method, path in reg.get("speculative_methods", {}).items():
+        print(f"  speculative method {method} -> {path}")
     ops = report["ops"]
     print("\nops: " + (", ".join(ops["available"]) or f"none ({ops.get('why', '')})"))
     print("\nbackends:")

@@ -39,6 +39,9 @@ CPU_OVERRIDE_TARGETS: dict[str, BackendEntry] = {"attn": BWX_ATTN, "mla": BWX_ML
 # to our DFlash draft; register() hands them to vLLM's ModelRegistry.
 DFLASH_REGISTRATION_MODULE = "vllm_blackwell_ext.dflash.registration"
 DFLASH_MODEL_MODULE = "vllm_blackwell_ext.dflash.model"
+# vLLM 0.34+: the draft also answers to its own speculative method name.
+DFLASH_METHOD = "bwx_dflash"
+DFLASH_METHOD_CONFIG = "vllm_blackwell_ext.dflash.speculator_config.BwxDFlashSpeculatorConfig"
 
 # torch.library ops, registered when `vllm_blackwell_ext.ops` is imported.
 OPS_MODULE = "vllm_blackwell_ext.ops"

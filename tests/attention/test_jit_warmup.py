@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from vllm.config import CacheConfig, ModelConfig, VllmConfig  # noqa: E402
+from vllm.config import CacheConfig, DeviceConfig, ModelConfig, VllmConfig  # noqa: E402
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase  # noqa: E402
 from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
@@ -108,7 +108,12 @@ def vllm_config(tmp_path):
     model_config = ModelConfig(
         model=str(tmp_path), skip_tokenizer_init=True, dtype=torch.bfloat16, max_model_len=4096
     )
-    return VllmConfig(model_config=model_config, cache_config=CacheConfig(block_size=16))
+    # The device is named: a CUDA wheel of vLLM on a machine without a GPU infers none.
+    return VllmConfig(
+        model_config=model_config,
+        cache_config=CacheConfig(block_size=16),
+        device_config=DeviceConfig(device="cpu"),
+    )
 
 
 def test_builder_registers_each_layer_kind_once_and_vllm_warmup_launches_them(

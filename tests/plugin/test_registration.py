@@ -27,26 +27,29 @@ def fresh_state(monkeypatch):
     [
         ("0.32.0", True),
         ("0.32.3+cpu", True),
-        ("0.33.0", False),
+        ("0.33.0", True),
+        ("0.34.0+cu130", True),
+        ("0.35.0", False),
         ("0.31.9", False),
         ("dev", False),
         (None, False),
     ],
 )
-def test_version_gate_accepts_only_the_032_series(version, supported):
+def test_version_gate_accepts_the_032_to_034_series(version, supported):
     assert reg.is_supported_vllm(version) is supported
 
 
 def test_unsupported_vllm_warns_once_and_registers_nothing(fresh_state, monkeypatch, caplog):
-    monkeypatch.setattr(reg, "installed_vllm_version", lambda: "0.34.0")
+    monkeypatch.setattr(reg, "installed_vllm_version", lambda: "0.35.0")
     called = []
     monkeypatch.setattr(reg, "_register_components", lambda *a: called.append(a))
     with caplog.at_level(logging.WARNING, logger="vllm_blackwell_ext"):
         reg.register()
         reg.register()
-    warnings = [r for r in caplog.records if "supports vLLM 0.32.x" in r.getMessage()]
+    supported = "supports vLLM 0.32.x, 0.33.x, 0.34.x"
+    warnings = [r for r in caplog.records if supported in r.getMessage()]
     assert len(warnings) == 1
-    assert "0.34.0" in warnings[0].getMessage()
+    assert "found 0.35.0" in warnings[0].getMessage()
     assert called == []
     assert reg.registered_components() == {}
 

