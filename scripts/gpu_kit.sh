@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Carries vLLM 0.32 (CUDA) and the torch 2.13 it is built for to a GPU machine that cannot reach
-# a package registry and takes at most ~64 MiB of files per command, then runs commands there
-# with the plugin installed on top.
+# Carries a CUDA vLLM (0.32 by default; BWX_KIT_VLLM=0.34.0 for 0.34) and the torch it is built
+# for to a GPU machine that cannot reach a package registry and takes at most ~64 MiB of files
+# per command, then runs commands there with the plugin installed on top.
 #
 #   scripts/gpu_kit.sh prepare     (here, with registry access) download the wheels, pack them
 #                                  into one tar cut into .gpu_kit/part-NN pieces + MANIFEST
@@ -14,16 +14,25 @@
 #                                  the command that started it (a run longer than one call)
 #   scripts/gpu_kit.sh wait NAME SECS   (there) wait up to SECS for it; print its log's tail
 #
-# The stash lives outside the checkout ($BWX_KIT_DIR, default /tmp/bwx-kit), so pieces survive
-# between commands for as long as the machine is held; `receive` resumes from what is there.
+# The stash lives outside the checkout ($BWX_KIT_DIR, default /tmp/bwx-kit-VERSION), so pieces
+# survive between commands for as long as the machine is held; `receive` resumes from what is
+# there. Give every command of one kit the same BWX_KIT_VLLM.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 kit_src="$root/.gpu_kit"
-kit_dir=${BWX_KIT_DIR:-/tmp/bwx-kit}
+vllm_version=${BWX_KIT_VLLM:-0.32.0}
+kit_dir=${BWX_KIT_DIR:-/tmp/bwx-kit-$vllm_version}
 piece_mib=${BWX_KIT_PIECE_MIB:-60}
-# The wheels a CUDA vLLM 0.32 engine needs on top of an image with torch 2.11 (why each: the
-# README's "On a GPU machine" section).
-big_wheels=(torch==2.13.0 triton==3.7.1 nvidia-nccl-cu13==2.29.7 vllm==0.32.0)
+# The wheels a CUDA vLLM engine needs on top of an image with torch 2.11, per vLLM version: the
+# torch, Triton, NCCL and torchvision it pins (why each: the README's "On a GPU machine"
+# section), and the requirements that version adds to scripts/gpu_kit_requirements.txt.
+case "$vllm_version" in
+  0.32.*) big_wheels=(torch==2.13.0 triton==3.7.1 nvidia-nccl-cu13==2.29.7 torchvision==0.28.0) ;;
+  0.34.*) big_wheels=(torch==2.14.0 triton==3.8.0 nvidia-nccl-cu13==2.30.7 torchvision==0.29.0
+                      orjson) ;;
+  *) echo "[gpu_kit] BWX_KIT_VLLM=$vllm_version: kits exist for 0.32.x and 0.34.x" >&2; exit 2 ;;
+esac
+big_wheels+=("vllm==$vllm_version")
 
 die() { echo "[gpu_kit] $*" >&2; exit 1; }
 
@@ -31,6 +40,7 @@ prepare() {
   local wheels="$kit_src/wheels" plat=()
   for n in 5 17 18 24 26 27 28 31 34 35; do plat+=(--platform "manylinux_2_${n}_x86_64"); done
   plat+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any)
+  rm -rf "$wheels"
   mkdir -p "$wheels"
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp "${plat[@]}" -d "$wheels" "${big_wheels[@]}" \
@@ -40,7 +50,7 @@ prepare() {
   (cd "$kit_src" && sha256sum part-* > MANIFEST)
   local n
   n=$(wc -l < "$kit_src/MANIFEST")
-  echo "[gpu_kit] $(du -sh "$wheels" | cut -f1) of wheels in $n pieces of ${piece_mib} MiB under .gpu_kit/"
+  echo "[gpu_kit] vLLM $vllm_version: $(du -sh "$wheels" | cut -f1) of wheels in $n pieces of ${piece_mib} MiB under .gpu_kit/"
   echo "[gpu_kit] next: one command per piece on the GPU machine, carrying .gpu_kit/MANIFEST"
   echo "          and .gpu_kit/part-NN, running: scripts/gpu_kit.sh receive"
 }

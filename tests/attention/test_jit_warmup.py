@@ -25,6 +25,7 @@ from vllm_blackwell_ext.attention.bwx_attn import (  # noqa: E402
     BwxAttentionMetadataBuilder,
 )
 from vllm_blackwell_ext.kernels.device import DeviceInfo  # noqa: E402
+from vllm_blackwell_ext.kernels.mla_decode import MAX_SPLITS, merge_config  # noqa: E402
 from vllm_blackwell_ext.kernels.mla_decode_configs import get_mla_decode_config  # noqa: E402
 from vllm_blackwell_ext.kernels.paged_attention_configs import (  # noqa: E402
     plan_split_kv,
@@ -170,18 +171,21 @@ def test_mla_gather_warmup_launch_runs_on_scratch(cache_dtype, kv_cache_dtype):
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
-def test_mla_decode_warmup_covers_both_split_variants_of_each_row_tile(kv_dtype):
+def test_mla_decode_warmup_covers_every_split_variant_of_each_row_tile(kv_dtype):
     kind = jit_warmup.MlaDecodeKind(torch.bfloat16, kv_dtype, 16, 512, 64, has_lse=False)
     keys = jit_warmup.mla_decode_warmup_keys(kind, 8, H200)
     tag = "fp8" if kv_dtype == torch.float8_e4m3fn else "bf16"
     configs = {get_mla_decode_config("sm90", tag, q * 16) for q in range(1, 9)}
     assert {get_mla_decode_config("sm90", tag, k.query_len * 16) for k in keys} == configs
-    assert len(keys) == 2 * len(configs)
-    assert {k.single_split for k in keys} == {True, False}
-    for key in keys[:2]:  # one row tile, both variants, on the CPU interpreter
+    assert len(keys) == 3 * len(configs)
+    # The one-split kernel, and the split kernel with every merge config a plan can pick.
+    assert 1 in {k.num_splits for k in keys}
+    merges = {merge_config(k.num_splits) for k in keys if k.num_splits > 1}
+    assert merges == {merge_config(n) for n in range(2, MAX_SPLITS + 1)}
+    for key in keys[:3]:  # one row tile, every variant, on the CPU interpreter
         cpu_key = jit_warmup.MlaDecodeKey(
             jit_warmup.MlaDecodeKind(torch.bfloat16, kv_dtype, 16, 512, 16, has_lse=True),
             key.query_len,
-            key.single_split,
+            key.num_splits,
         )
         jit_warmup.launch_mla_decode_warmup(cpu_key, torch.device("cpu"))

@@ -30,6 +30,7 @@ from vllm_blackwell_ext.kernels.device import CPU_DEVICE_INFO, DeviceInfo
 from vllm_blackwell_ext.kernels.mla_decode import (
     MAX_SPLITS,
     MlaDecodeWorkspace,
+    merge_config,
     mla_decode,
     plan_mla_decode,
 )
@@ -145,7 +146,8 @@ def _assert_close(out, lse, ref_out, ref_lse) -> None:
     query_len=st.integers(1, 3),
     block_size=st.sampled_from([1, 16, 32]),
     fp8=st.booleans(),
-    num_splits=st.sampled_from([None, 1, 2, 5]),
+    # 70: the wide-split merge config, with a partial second block of splits.
+    num_splits=st.sampled_from([None, 1, 2, 5, 70]),
     seed=st.integers(0, 2**16),
 )
 def test_matches_reference_on_random_small_cases(
@@ -181,6 +183,24 @@ def test_empty_sequence_gives_zero_output_and_minus_inf_lse(device):
     assert torch.equal(out[1], torch.zeros_like(out[1]))
     assert torch.isneginf(lse[1]).all()
     _assert_close(out, lse, ref_out, ref_lse)
+
+
+def test_wide_merge_reads_splits_beyond_its_first_block(device):
+    # 70 splits take the wide merge config (64 splits per block). 2200 keys cut into splits of
+    # one 32-key tile (the CPU config's) fill 69 splits, so both blocks of splits carry
+    # weight; the short request leaves most of its splits empty.
+    assert merge_config(70) != merge_config(2)
+    case = _make_case(
+        device=device,
+        kv_lora_rank=256,
+        num_heads=2,
+        seq_lens=[2200, 5],
+        query_len=1,
+        block_size=64,
+        fp8=False,
+        seed=4,
+    )
+    _assert_close(*_run(case, num_splits=70))
 
 
 def test_causal_rows_see_only_their_prefix_and_noncausal_rows_see_all(device):

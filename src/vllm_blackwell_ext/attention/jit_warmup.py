@@ -25,7 +25,7 @@ from vllm.model_executor.warmup.jit_warmup import VllmJitKernel
 
 from vllm_blackwell_ext.kernels.device import DeviceInfo
 from vllm_blackwell_ext.kernels.kv_gather import gather_and_maybe_dequant_cache
-from vllm_blackwell_ext.kernels.mla_decode import SUPPORTED_LATENT, mla_decode
+from vllm_blackwell_ext.kernels.mla_decode import SUPPORTED_LATENT, WIDE_MERGE_SPLITS, mla_decode
 from vllm_blackwell_ext.kernels.mla_decode_configs import get_mla_decode_config
 from vllm_blackwell_ext.kernels.paged_attention import paged_attention
 from vllm_blackwell_ext.kernels.paged_attention_configs import (
@@ -180,21 +180,23 @@ class MlaDecodeKind:
 class MlaDecodeKey:
     kind: MlaDecodeKind
     query_len: int  # one query length of each distinct row tile
-    single_split: bool  # the one-split kernel, or the split kernel and its merge
+    # 1: the one-split kernel; more: the split kernel and the merge config of that many splits
+    num_splits: int
 
 
 def mla_decode_warmup_keys(
     kind: MlaDecodeKind, max_query_len: int, info: DeviceInfo
 ) -> list[MlaDecodeKey]:
-    """Both split variants of each row-tile config decode lengths 1..max_query_len reach: a
-    captured graph fixes one split plan per batch size, eager mixed batches plan either."""
+    """Every split variant of each row-tile config decode lengths 1..max_query_len reach (one
+    split; split with each merge config): a captured graph fixes one split plan per batch
+    size, eager mixed batches plan any."""
     keys, configs = [], set()
     kv_tag = "fp8" if kind.kv_dtype == torch.float8_e4m3fn else "bf16"
     for query_len in range(1, max_query_len + 1):
         cfg = get_mla_decode_config(info.device_class, kv_tag, query_len * kind.num_heads)
         if cfg not in configs:
             configs.add(cfg)
-            keys += [MlaDecodeKey(kind, query_len, single) for single in (True, False)]
+            keys += [MlaDecodeKey(kind, query_len, n) for n in (1, 2, WIDE_MERGE_SPLITS)]
     return keys
 
 
@@ -223,7 +225,7 @@ def launch_mla_decode_warmup(key: MlaDecodeKey, device: torch.device) -> None:
             if kind.has_lse
             else None
         ),
-        num_splits=1 if key.single_split else 2,
+        num_splits=key.num_splits,
     )
 
 
