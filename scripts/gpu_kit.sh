@@ -26,10 +26,14 @@ piece_mib=${BWX_KIT_PIECE_MIB:-60}
 # The wheels a CUDA vLLM engine needs on top of an image with torch 2.11, per vLLM version: the
 # torch, Triton, NCCL and torchvision it pins (why each: the README's "On a GPU machine"
 # section), and the requirements that version adds to scripts/gpu_kit_requirements.txt.
+stub_packages=()
 case "$vllm_version" in
   0.32.*) big_wheels=(torch==2.13.0 triton==3.7.1 nvidia-nccl-cu13==2.29.7 torchvision==0.28.0) ;;
   0.34.*) big_wheels=(torch==2.14.0 triton==3.8.0 nvidia-nccl-cu13==2.30.7 torchvision==0.29.0
-                      orjson) ;;
+                      orjson)
+          # Its engine start imports the CuTe DSL and quack-kernels (MiniMax-M3 kernels only):
+          # inert stand-ins instead of hundreds of MB (scripts/gpu_kit_stubs/cutlass says why).
+          stub_packages=(cutlass quack) ;;
   *) echo "[gpu_kit] BWX_KIT_VLLM=$vllm_version: kits exist for 0.32.x and 0.34.x" >&2; exit 2 ;;
 esac
 big_wheels+=("vllm==$vllm_version")
@@ -89,6 +93,10 @@ install() {
   cat "$kit_dir/stash"/part-* | tar -xf - -C "$kit_dir/wheels"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
     --target "$kit_dir/site" "$kit_dir/wheels"/*.whl
+  local stub
+  for stub in ${stub_packages[@]+"${stub_packages[@]}"}; do
+    cp -r "$root/scripts/gpu_kit_stubs/$stub" "$kit_dir/site/"
+  done
   rm -rf "$kit_dir/wheels"
   touch "$kit_dir/site/.bwx-kit-complete"
   echo "[gpu_kit] installed into $kit_dir/site; next: scripts/gpu_kit.sh run CMD..."

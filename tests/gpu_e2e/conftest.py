@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import run_engine_job
+from vllm_blackwell_ext import components
+from vllm_blackwell_ext.vllm_compat import has_speculative_method_registry
 
 from . import checkpoints
 
@@ -132,6 +134,12 @@ def _jobs(models: dict[str, Path]) -> dict[str, dict[str, Any]]:
             qwen3, attention_backend="BWX_ATTN", kv_cache_dtype="fp8", speculative_config=dflash
         ),
     }
+    if has_speculative_method_registry():
+        # vLLM 0.34+: the same draft through our registered speculative method.
+        method = dict(dflash, method=components.DFLASH_METHOD)
+        jobs["dflash_method-bwx_attn"] = job_spec(
+            qwen3, attention_backend="BWX_ATTN", speculative_config=method
+        )
     return jobs
 
 

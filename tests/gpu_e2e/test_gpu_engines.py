@@ -13,7 +13,8 @@ vLLM's own backends on the same model (`conftest.assert_matches_within_noise`):
   chunked prefill of long prompts, so the context gather runs through our op; fp8 against
   TRITON_MLA fp8;
 - DFlash with our draft (target and draft on BWX_ATTN): the speculative engine's greedy output
-  equals the target-only engine's (lossless), bf16 and fp8 KV.
+  equals the target-only engine's (lossless), bf16 and fp8 KV; on vLLM 0.34+ also through
+  our `bwx_dflash` speculative method.
 
 vLLM starts its engine core by fork on CUDA (the CPU platform spawns), so registration is
 inherited there; the spawn path is pinned by tests/e2e. Here the worker's report of which
@@ -25,6 +26,8 @@ from __future__ import annotations
 import re
 
 import pytest
+
+from vllm_blackwell_ext.vllm_compat import has_speculative_method_registry
 
 from .conftest import (
     PROMPTS,
@@ -155,3 +158,11 @@ def test_dflash_on_bwx_attn_is_lossless(engines, spec_job, target_job):
     # noise bound as between two backends applies.
     noise = _noise(engines, "qwen3-flash_attn", "qwen3-triton_attn")
     assert_matches_within_noise(spec, target, noise)
+
+
+@pytest.mark.skipif(
+    not has_speculative_method_registry(),
+    reason="the bwx_dflash speculative method needs vLLM 0.34+ (register_speculative_method)",
+)
+def test_bwx_dflash_method_is_lossless(engines):
+    test_dflash_on_bwx_attn_is_lossless(engines, "dflash_method-bwx_attn", "qwen3-bwx_attn")
