@@ -261,6 +261,52 @@ def test_preallocated_workspace_and_splits_give_the_same_result(device):
         mla_decode(*args, **kw, workspace=ws, num_splits=4)
 
 
+def test_splits_past_a_short_request_are_neither_written_nor_read(device):
+    # As a CUDA graph captured for the longest context replays its split count at short
+    # contexts: 40 splits over 3 and 50 keys. Scratch rows of the splits that hold no key are
+    # left as NaN; the output is finite and right only if the merge never reads them.
+    case = _make_case(
+        device=device,
+        kv_lora_rank=256,
+        num_heads=4,
+        seq_lens=[3, 50],
+        query_len=1,
+        block_size=16,
+        fp8=False,
+        seed=5,
+    )
+    q = case["q"]
+    splits = 40
+    ws = MlaDecodeWorkspace.allocate(q.shape[0], q.shape[1], splits, 256, device=device)
+    ws.o_part.fill_(float("nan"))
+    ws.l_part.fill_(float("nan"))
+    out = torch.empty(q.shape[0], q.shape[1], 256, dtype=q.dtype, device=device)
+    lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=device)
+    mla_decode(
+        q,
+        case["kv_cache"],
+        case["block_table"],
+        case["seq_lens"],
+        out,
+        softmax_scale=case["softmax_scale"],
+        kv_lora_rank=256,
+        lse_out=lse,
+        workspace=ws,
+        num_splits=splits,
+    )
+    parts = ws.l_part[: q.shape[0] * q.shape[1] * splits].view(q.shape[0], q.shape[1], splits)
+    assert torch.isnan(parts[0, :, 1:]).all(), "splits past request 0's 3 keys were written"
+    ref_out, ref_lse = mla_decode_reference(
+        q.cpu(),
+        case["kv_cache"].cpu(),
+        case["block_table"].cpu(),
+        case["seq_lens"].cpu(),
+        softmax_scale=case["softmax_scale"],
+        kv_lora_rank=256,
+    )
+    _assert_close(out.float().cpu(), lse.cpu(), ref_out, ref_lse)
+
+
 @pytest.mark.parametrize(
     "change, exc, match",
     [

@@ -118,7 +118,8 @@ class BwxMLAMetadataBuilder(MLACommonMetadataBuilder[BwxMLAMetadata]):
     # Uniform decode batches (one query length per batch) replay in full CUDA graphs: the
     # kernel's grid depends on (tokens, heads, num_splits) only, and it derives each split's
     # key range from the device seq_lens, so a graph captured with the worst-case split
-    # count stays correct for any context length it replays.
+    # count stays correct for any context length it replays (splits past a request's keys
+    # exit at once, and the merge reads only the splits that hold keys).
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
     query_len_support: ClassVar[QueryLenSupport] = QueryLenSupport.UNIFORM
 

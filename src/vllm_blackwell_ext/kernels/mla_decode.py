@@ -11,7 +11,9 @@ each KV tile, and the kernel is built around that:
 - the sequence is cut into splits (split-KV); the split count is planned on the host from the
   batch size, the rows, the longest context and the SM count (`plan_mla_decode`), so one long
   request and many short ones both fill the GPU; a second kernel merges the splits by their
-  log-sum-exp (one split writes the output directly and skips the merge);
+  log-sum-exp (one split writes the output directly and skips the merge); splits past a
+  request's keys are skipped by both, so a CUDA graph captured with the longest context's
+  split count stays cheap when it replays short contexts;
 - an fp8 e4m3 cache is loaded as fp8 (half the bytes) and widened in registers to fp16 (one
   instruction per pair; bf16 would take several), the query pre-scaled into fp16's range; the
   per-tensor scale is folded into the query and the final output, not into every element;
@@ -130,6 +132,12 @@ def _mla_decode_split_kernel(
     split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
+    if not SINGLE_SPLIT:
+        # A graph captured for the longest context replays its split count at every length:
+        # splits past a short request's keys write nothing, and the merge reads only the
+        # splits that hold keys (`_used_splits`).
+        if start >= seq_len:
+            return
 
     offs_c = tl.arange(0, DC)
     offs_p = tl.arange(0, P)
@@ -240,12 +248,20 @@ def _mla_decode_split_kernel(
     _store_rows(dst, row_off + 3 * DC, offs_c, acc3 * inv_l[:, None], row_ok)
 
 
-@triton.jit(do_not_specialize=["num_splits", "stride_lt", "stride_lh"])
+@triton.jit
+def _used_splits(seq_len, num_splits, block_n):
+    """Splits of a `seq_len`-key request that hold keys (the split kernel's partition)."""
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), block_n) * block_n
+    return tl.where(seq_len > 0, tl.cdiv(seq_len, tl.maximum(split_len, 1)), 0)
+
+
+@triton.jit(do_not_specialize=["num_splits", "query_len", "stride_lt", "stride_lh"])
 def _mla_decode_merge_kernel(
     O_PART,  # fp32 [T, H, S, R]
     L_PART,  # fp32 [T, H, S]
     OUT,  # [T, H, R]
     LSE,  # fp32 [T, H]
+    SEQ,  # int32 [B]
     stride_pt,
     stride_ph,
     stride_ps,
@@ -255,6 +271,8 @@ def _mla_decode_merge_kernel(
     stride_oh,
     stride_lse_t,
     num_splits,
+    query_len,
+    BLOCK_N: tl.constexpr,  # the split kernel's key tile: splits are whole tiles
     BLOCK_R: tl.constexpr,
     BLOCK_S: tl.constexpr,
     HAS_LSE: tl.constexpr,
@@ -271,19 +289,21 @@ def _mla_decode_merge_kernel(
     l_base = L_PART + t * stride_lt + h * stride_lh
     p_base = O_PART + t * stride_pt + h * stride_ph
 
+    used = _used_splits(tl.load(SEQ + t // query_len), num_splits, BLOCK_N)
     m = tl.full([1], float("-inf"), dtype=tl.float32)
     den = tl.zeros([1], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
-        s_ok = s0 + offs_s < num_splits
+    for s0 in range(0, used, BLOCK_S):
+        s_ok = s0 + offs_s < used
         ls = tl.load(l_base + s0 + offs_s, mask=s_ok, other=float("-inf"))
         o = tl.load(
             p_base + (s0 + offs_s)[:, None] * stride_ps + offs_r[None, :],
             mask=s_ok[:, None],
             other=0.0,
         )
-        # Each split's normalised output weighs 2^(lse_s - max); empty splits (-inf) weigh 0,
-        # and while every split so far is empty the shift is 0, so exp2 gives 0, not NaN.
+        # Each split's normalised output weighs 2^(lse_s - max); a split whose rows see no key
+        # (causal rows of a short request) has lse -inf and weighs 0, and while every split so
+        # far is such, the shift is 0, so exp2 gives 0, not NaN.
         m_new = tl.maximum(m, tl.max(ls, 0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m - m_safe)
@@ -643,11 +663,14 @@ def mla_decode(
             l_part,
             out,
             lse_arg,
+            seq_lens,
             *part_strides,
             out.stride(0),
             out.stride(1),
             lse_out.stride(0) if has_lse else 0,
             num_splits,
+            query_len,
+            BLOCK_N=cfg.block_n,
             BLOCK_R=block_r,
             BLOCK_S=block_s,
             HAS_LSE=has_lse,
