@@ -23,7 +23,8 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from mla_swap_ab_kernel import _mla_split_t  # noqa: E402
 
-from benchmarks.harness import bench_us, copy_roofline_gbps  # noqa: E402
+from benchmarks.bench_mla_decode import graph_us  # noqa: E402
+from benchmarks.harness import copy_roofline_gbps  # noqa: E402
 from vllm_blackwell_ext.kernels import mla_decode as M  # noqa: E402
 from vllm_blackwell_ext.kernels.device import device_info  # noqa: E402
 from vllm_blackwell_ext.kernels.mla_decode_configs import MlaDecodeConfig as C  # noqa: E402
@@ -134,18 +135,6 @@ VARIANTS = {
         C(16, 64, 4, 3, 1, 128, True),
     ),
 }
-
-
-def graph_us(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return bench_us(g.replay)
 
 
 def main():

@@ -18,7 +18,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from benchmarks.harness import bench_us  # noqa: E402
+from benchmarks.bench_mla_decode import graph_us  # noqa: E402
 
 
 @triton.jit(do_not_specialize=["num_splits", "stride_lt", "stride_lh"])
@@ -152,18 +152,6 @@ def run_merge(kern, o_part, l_part, out, splits, block_r, block_s, warps, stages
         num_warps=warps,
         num_stages=stages,
     )
-
-
-def graph_us(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return bench_us(g.replay)
 
 
 def main():
