@@ -57,6 +57,8 @@ class Case:
     window: int | None = None
     fp8: bool = False
     metric: str = "GB/s"
+    prefill: int = 0  # > 0: request 0 brings this many query tokens (a mixed batch)
+    host: bool = False  # host-time case: eager launch cost, not kernel speed
 
 
 def cases() -> list[Case]:
@@ -78,7 +80,18 @@ def cases() -> list[Case]:
     cs.append(Case("prefill causal B=1 L=8k", 1, 8192, 8192, metric="TFLOP/s"))
     cs.append(Case("prefill causal B=4 L=4k", 4, 4096, 4096, metric="TFLOP/s"))
     cs.append(Case("prefill chunk 2k after 14k ctx B=1", 1, 16384, 2048, metric="TFLOP/s"))
+    for c in (
+        Case("decode bf16 B=64 ctx=32k", 64, 32768, 1),
+        Case("decode fp8 B=64 ctx=32k", 64, 32768, 1, fp8=True),
+        Case("verify causal q=16 B=1 ctx=8k", 1, 8192, 16),
+        Case("mixed 2k prefill chunk + 63 decodes ctx=8k", 64, 8192, 1, prefill=2048),
+    ):
+        cs.append(replace(c, name="host " + c.name, metric="us", host=True))
     return cs
+
+
+def query_lens(c: Case) -> list[int]:
+    return [c.prefill or c.q_len] + [c.q_len] * (c.batch - 1)
 
 
 def keys_read(c: Case) -> int:
@@ -115,9 +128,11 @@ class Inputs:
         self.kv = kv
         self.k, self.v = kv.transpose(1, 2).split(D, dim=-1)
         self.block_table = torch.randperm(nb, device=device, dtype=torch.int32).view(c.batch, pages)
-        self.q = torch.randn(c.batch * c.q_len, HQ, D, dtype=torch.bfloat16, device=device)
+        q_lens = torch.tensor([0, *query_lens(c)], dtype=torch.int32)
+        self.max_seqlen_q = int(q_lens.max())
+        self.q = torch.randn(int(q_lens.sum()), HQ, D, dtype=torch.bfloat16, device=device)
         self.out = torch.empty_like(self.q)
-        self.cu = torch.arange(0, c.batch + 1, dtype=torch.int32, device=device) * c.q_len
+        self.cu = q_lens.cumsum(0, dtype=torch.int32).to(device)
         self.seq_lens = torch.full((c.batch,), c.ctx, dtype=torch.int32, device=device)
         self.k_scale = torch.tensor([0.7], device=device) if c.fp8 else None
         self.v_scale = torch.tensor([0.9], device=device) if c.fp8 else None
@@ -127,7 +142,8 @@ def ours_fn(c: Case, x: Inputs, ws: SplitKVWorkspace, **kw):
     def fn() -> None:
         paged_attention(
             x.q, x.k, x.v, x.out, x.cu, x.seq_lens, x.block_table,
-            max_seqlen_q=c.q_len, max_seqlen_k=c.ctx, softmax_scale=D**-0.5, causal=c.causal,
+            max_seqlen_q=x.max_seqlen_q, max_seqlen_k=c.ctx, softmax_scale=D**-0.5,
+            causal=c.causal,
             sliding_window=c.window, k_scale=x.k_scale, v_scale=x.v_scale, workspace=ws, **kw,
         )  # fmt: skip
 
@@ -164,7 +180,7 @@ class PeerVllm:
 
         def fn() -> None:
             self.fn(
-                q=x.q, k=x.k, v=x.v, out=x.out, cu_seqlens_q=x.cu, max_seqlen_q=c.q_len,
+                q=x.q, k=x.k, v=x.v, out=x.out, cu_seqlens_q=x.cu, max_seqlen_q=x.max_seqlen_q,
                 seqused_k=x.seq_lens, max_seqlen_k=c.ctx, softmax_scale=D**-0.5,
                 causal=c.causal, window_size=window, block_table=x.block_table, softcap=0,
                 q_descale=None,
@@ -273,10 +289,59 @@ def sweep(ws: SplitKVWorkspace, budget_s: float) -> None:
         torch.cuda.empty_cache()
 
 
+def host_us(fn, n: int = 200) -> float:
+    """Host wall time of one eager call, without synchronising (what a step's CPU pays)."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
+
+
+def eager_us(fn, n: int = 200) -> float:
+    """Wall time per call of `n` back-to-back eager calls, GPU included (CUDA events)."""
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / n
+
+
+def host_rows(c: Case, x: Inputs, ws: SplitKVWorkspace, peer: PeerVllm | None) -> list[Row]:
+    """Host time, back-to-back eager time and CUDA-graph replay of ours and the peer."""
+    fns = {"ours": ours_fn(c, x, ws, check_inputs=False)}
+    if peer is not None:
+        fns[PEER] = peer.make(c, x)
+    host = {k: host_us(f) for k, f in fns.items()}
+    eager = {k: eager_us(f) for k, f in fns.items()}
+    graph = {k: graph_us(f) for k, f in fns.items()}
+    ratio = {k: eager[k] / graph[k] for k in fns}
+    print(f"{c.name}: host us {host}, eager us/call {eager}, graph us {graph}", flush=True)
+
+    def row(suffix: str, d: dict[str, float]) -> Row:
+        return Row(
+            f"{c.name}: {suffix}", "us", d["ours"], {k: v for k, v in d.items() if k != "ours"}
+        )
+
+    rows = [row("host us/call", host), row("eager us/call", eager), row("graph replay", graph)]
+    print(f"{c.name}: eager/graph ours {ratio['ours']:.2f} "
+          f"peer {ratio.get(PEER, float('nan')):.2f}", flush=True)  # fmt: skip
+    return rows
+
+
 def run_case(
     c: Case, ws: SplitKVWorkspace, peer: PeerVllm | None, roof: float, dev: str
 ) -> list[Row]:
     x = Inputs(c, dev)
+    if c.host:
+        return host_rows(c, x, ws, peer)
     stats = compiled_stats(c, x, ws)
     us = graph_us(ours_fn(c, x, ws))
     peers: dict[str, float] = {}

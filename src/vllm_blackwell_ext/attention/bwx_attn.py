@@ -362,6 +362,8 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
         # The cache layout, dtypes and head sizes of a layer never change: the kernel's input
         # checks run on the first forward only, later launches skip that host work.
         self._inputs_checked = False
+        self._kv_views_of: torch.Tensor | None = None
+        self._kv_views_cached: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
         if self.sinks is not None and self.sinks.dtype != torch.float32:
@@ -370,7 +372,14 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
     # -- cache views -------------------------------------------------------------------
 
     def _kv_views(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V views [num_blocks, block_size, num_kv_heads, head_size] of vLLM's cache."""
+        """K and V views [num_blocks, block_size, num_kv_heads, head_size] of vLLM's cache.
+
+        vLLM hands every step the same cache tensor: the views are made once per tensor
+        (eager forwards would pay microseconds of host time per view op on every layer).
+        They keep that tensor alive, as vLLM's own reference does.
+        """
+        if kv_cache is self._kv_views_of:
+            return self._kv_views_cached
         key_cache, value_cache = kv_cache.transpose(1, 2).split(
             [self.head_size, kv_cache.shape[-1] - self.head_size], dim=-1
         )
@@ -378,6 +387,8 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
             # vLLM allocates fp8 caches as uint8: reinterpret, never convert.
             key_cache = key_cache.view(self.fp8_dtype)
             value_cache = value_cache.view(self.fp8_dtype)
+        self._kv_views_of = kv_cache
+        self._kv_views_cached = (key_cache, value_cache)
         return key_cache, value_cache
 
     # -- cache write -------------------------------------------------------------------
@@ -462,7 +473,6 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
         if attn_metadata is None:
             # Profiling run: vLLM only measures memory.
             return output.fill_(0)
-        num_tokens = attn_metadata.num_actual_tokens
         if self.sinks is not None and self._sinks_f32 is None:
             # Only when vLLM never called process_weights_after_loading (direct use).
             self.process_weights_after_loading(self.sinks.dtype)
@@ -471,11 +481,13 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
         # A DFlash draft mixing sliding (causal) and full (non-causal) layers runs under one
         # batch-wide causal flag in vLLM 0.32; such layers carry their own mode (dflash/model.py).
         layer_causal = getattr(layer, LAYER_CAUSAL_ATTR, None)
+        # query/output are passed whole: the kernel writes only the rows of cu_seqlens_q and
+        # leaves padding rows alone, so no per-call slicing (host time) is needed.
         paged_attention(
-            query[:num_tokens],
+            query,
             key_cache,
             value_cache,
-            output[:num_tokens],
+            output,
             attn_metadata.query_start_loc,
             attn_metadata.seq_lens,
             attn_metadata.block_table,

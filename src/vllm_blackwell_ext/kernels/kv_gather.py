@@ -33,6 +33,7 @@ import triton.language as tl
 
 from ..kv_cache_dtypes import FP8_KV_CACHE_DTYPES
 from .device import device_info
+from .host_ints import cdiv, next_power_of_2
 
 DEBUG_BOUNDS_ENV = "BWX_DEBUG_BOUNDS"
 
@@ -87,7 +88,7 @@ def _pieces(entry: int, max_piece: int) -> tuple[int, int, int]:
     piece = min(_pow2_floor(entry), max_piece)
     main = entry // piece * piece
     rest = entry - main
-    tail = triton.next_power_of_2(rest) if rest else 0
+    tail = next_power_of_2(rest) if rest else 0
     return piece, main, tail
 
 
@@ -313,7 +314,7 @@ def launch_kv_gather(
     cfg = config or default_config(src_cache.device)
     entry = _entry_width(src_cache, 2)
     piece, main, tail = _pieces(entry, cfg.max_piece)
-    grid = (triton.cdiv(num_rows, cfg.block_t),)
+    grid = (cdiv(num_rows, cfg.block_t),)
     # Unused pointer arguments get a real tensor of the right kind; constexprs keep them unread.
     _kv_gather_kernel[grid](
         src_cache,

@@ -32,6 +32,8 @@ import triton.language as tl
 
 from vllm_blackwell_ext.kernels.checks import fail
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
+from vllm_blackwell_ext.kernels.host_ints import cdiv
+from vllm_blackwell_ext.kernels.launch_cache import CachedLauncher
 from vllm_blackwell_ext.kernels.mla_decode_configs import MlaDecodeConfig, get_mla_decode_config
 
 # (kv_lora_rank, rope_dim) pairs the kernel is built for: DeepSeek/Kimi (512 + 64) and the
@@ -349,6 +351,12 @@ def _kv_tag(dtype: torch.dtype) -> str:
     return "fp8" if dtype == torch.float8_e4m3fn else "bf16"
 
 
+# Triton's default pipelining depth, passed explicitly so cached launches key on it.
+_MERGE_STAGES = 3
+_SPLIT_LAUNCHER = CachedLauncher(_mla_decode_split_kernel)
+_MERGE_LAUNCHER = CachedLauncher(_mla_decode_merge_kernel)
+
+
 def plan_mla_decode(
     batch: int,
     num_heads: int,
@@ -367,13 +375,13 @@ def plan_mla_decode(
     """
     rows = query_len * num_heads
     cfg = config or get_mla_decode_config(device_info.device_class, _kv_tag(kv_dtype), rows)
-    row_groups = triton.cdiv(rows, cfg.block_m)
+    row_groups = cdiv(rows, cfg.block_m)
     programs = max(1, batch * row_groups)
     target = device_info.num_sms * cfg.ctas_per_sm
     # Rounded down: a grid already within one wave of the target gains less from another
     # split than the merge costs.
     wanted = target // programs
-    useful = max(1, triton.cdiv(max(max_seq_len, 1), cfg.min_split_keys))
+    useful = max(1, cdiv(max(max_seq_len, 1), cfg.min_split_keys))
     return max(1, min(wanted, useful, MAX_SPLITS)), cfg
 
 
@@ -580,7 +588,7 @@ def mla_decode(
             info.device_class, _kv_tag(kv_cache.dtype), query_len * num_heads
         )
     rows = query_len * num_heads
-    row_groups = triton.cdiv(rows, cfg.block_m)
+    row_groups = cdiv(rows, cfg.block_m)
     single = num_splits == 1
 
     if single:
@@ -600,82 +608,53 @@ def mla_decode(
                 f"heads x {num_splits} splits)",
                 f"{workspace.capacity_rows} rows of {workspace.o_part.shape[1]}",
             )
-        o_part = workspace.o_part[:need].view(num_tokens, num_heads, num_splits, kv_lora_rank)
-        l_part = workspace.l_part[:need].view(num_tokens, num_heads, num_splits)
+        # The first `need` rows, addressed as contiguous [T, H, S, R] and [T, H, S] (no views:
+        # eager launches pay host time per view op).
+        o_part, l_part = workspace.o_part, workspace.l_part
         part_strides = (
-            o_part.stride(0),
-            o_part.stride(1),
-            o_part.stride(2),
-            l_part.stride(0),
-            l_part.stride(1),
+            num_heads * num_splits * kv_lora_rank,
+            num_splits * kv_lora_rank,
+            kv_lora_rank,
+            num_heads * num_splits,
+            num_splits,
         )
 
     has_lse = lse_out is not None
     lse_arg = lse_out if has_lse else out
     has_scale = k_scale is not None
     scale_arg = k_scale if has_scale else out
-    grid = (row_groups * num_splits * batch,)
-    handle = _mla_decode_split_kernel[grid](
-        q,
-        kv_cache,
-        block_table,
-        seq_lens,
-        scale_arg,
-        o_part,
-        l_part,
-        out,
-        lse_arg,
-        q.stride(0),
-        q.stride(1),
-        kv_cache.stride(0),
-        kv_cache.stride(1),
-        block_table.stride(0),
-        *part_strides,
-        out.stride(0),
-        out.stride(1),
-        lse_out.stride(0) if has_lse else 0,
-        float(softmax_scale) * _LOG2E,
-        num_heads,
-        query_len,
-        num_splits,
-        row_groups,
-        R=kv_lora_rank,
-        P=rope_dim,
-        PAGE_SIZE=kv_cache.shape[1],
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        CAUSAL=causal,
-        HAS_SCALE=has_scale,
-        SINGLE_SPLIT=single,
-        HAS_LSE=has_lse,
-        DOT_DTYPE=_dot_dtype(q, kv_cache.dtype),
-        PRESCALE_Q=kv_cache.dtype == torch.float8_e4m3fn,
-        RELOAD_V=cfg.reload_v,
+    grid = (row_groups * num_splits * batch, 1, 1)
+    handle = _SPLIT_LAUNCHER.launch(
+        grid,
+        (
+            q, kv_cache, block_table, seq_lens, scale_arg, o_part, l_part, out, lse_arg,
+            *q.stride()[:2], *kv_cache.stride()[:2], block_table.stride(0),
+            *part_strides, *out.stride()[:2], lse_out.stride(0) if has_lse else 0,
+            float(softmax_scale) * _LOG2E, num_heads, query_len, num_splits, row_groups,
+            # constexprs, in signature order: R .. PRESCALE_Q
+            kv_lora_rank, rope_dim, kv_cache.shape[1], cfg.block_m, cfg.block_n,
+            causal, has_scale, single, has_lse, _dot_dtype(q, kv_cache.dtype), cfg.reload_v,
+            kv_cache.dtype == torch.float8_e4m3fn,
+        ),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-    )
+    )  # fmt: skip
     if compiled is not None:
         compiled.append(handle)
     if not single:
         block_r, block_s, merge_warps = merge_config(num_splits)
-        _mla_decode_merge_kernel[(num_tokens, num_heads, kv_lora_rank // block_r)](
-            o_part,
-            l_part,
-            out,
-            lse_arg,
-            seq_lens,
-            *part_strides,
-            out.stride(0),
-            out.stride(1),
-            lse_out.stride(0) if has_lse else 0,
-            num_splits,
-            query_len,
-            BLOCK_N=cfg.block_n,
-            BLOCK_R=block_r,
-            BLOCK_S=block_s,
-            HAS_LSE=has_lse,
+        _MERGE_LAUNCHER.launch(
+            (num_tokens, num_heads, kv_lora_rank // block_r),
+            (
+                o_part, l_part, out, lse_arg, seq_lens,
+                *part_strides, *out.stride()[:2], lse_out.stride(0) if has_lse else 0,
+                num_splits, query_len,
+                # constexprs: BLOCK_N, BLOCK_R, BLOCK_S, HAS_LSE
+                cfg.block_n, block_r, block_s, has_lse,
+            ),
             num_warps=merge_warps,
-        )
+            num_stages=_MERGE_STAGES,
+        )  # fmt: skip
     return out
 
 

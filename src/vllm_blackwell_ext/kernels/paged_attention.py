@@ -34,6 +34,8 @@ import triton.language as tl
 
 from .checks import fail
 from .device import DeviceInfo, device_info
+from .host_ints import next_power_of_2
+from .launch_cache import CachedLauncher
 from .paged_attention_configs import (
     MAX_SPLITS,
     AttnConfig,
@@ -377,6 +379,12 @@ def _split_kv_merge_kernel(
         tl.store(lse_ptr + tok * stride_lt + head * stride_lh, lse)
 
 
+# Triton's default pipelining depth, passed explicitly so cached launches key on it.
+_MERGE_STAGES = 3
+_ATTN_LAUNCHER = CachedLauncher(_paged_attn_kernel)
+_MERGE_LAUNCHER = CachedLauncher(_split_kv_merge_kernel)
+
+
 @dataclass
 class SplitKVWorkspace:
     """Caller-owned fp32 scratch of the split-KV path, allocated once (CUDA-graph safe).
@@ -482,6 +490,20 @@ def _check_cache(name: str, c: torch.Tensor, q: torch.Tensor) -> None:
         fail(ValueError, name, "a contiguous head dim", f"strides {c.stride()}")
     if c.device != q.device:
         fail(ValueError, name, f"device {q.device}", c.device)
+
+
+def _check_workspace(
+    workspace: SplitKVWorkspace, q: torch.Tensor, num_q_heads: int, head_size_v: int
+) -> None:
+    if workspace.num_q_heads != num_q_heads or workspace.head_size_v != head_size_v:
+        fail(
+            ValueError,
+            "workspace",
+            f"[*, {num_q_heads}, {head_size_v}] scratch",
+            f"[*, {workspace.num_q_heads}, {workspace.head_size_v}]",
+        )
+    if workspace.partial_out.device != q.device:
+        fail(ValueError, "workspace", f"device {q.device}", workspace.partial_out.device)
 
 
 def _check_head_size(name: str, hs: int) -> None:
@@ -636,8 +658,8 @@ def launch_config(
     num_kv_heads = key_cache.shape[2]
     return select_config(
         info,
-        head_k_pad=triton.next_power_of_2(key_cache.shape[3]),
-        head_v_pad=triton.next_power_of_2(value_cache.shape[3]),
+        head_k_pad=next_power_of_2(key_cache.shape[3]),
+        head_v_pad=next_power_of_2(value_cache.shape[3]),
         gqa=q.shape[1] // num_kv_heads,
         max_seqlen_q=max_seqlen_q,
         kv_elem=key_cache.element_size(),
@@ -711,17 +733,12 @@ def paged_attention(
     if max_seqlen_q > cfg.block_q:
         splits = 1  # several query blocks per request: the grid is already wide (prefill)
     if splits > 1 and workspace is not None:
-        if workspace.num_q_heads != num_q_heads or workspace.head_size_v != head_size_v:
-            fail(
-                ValueError,
-                "workspace",
-                f"[*, {num_q_heads}, {head_size_v}] scratch",
-                f"[*, {workspace.num_q_heads}, {workspace.head_size_v}]",
-            )
-        if workspace.partial_out.device != q.device:
-            fail(ValueError, "workspace", f"device {q.device}", workspace.partial_out.device)
+        if check_inputs:
+            _check_workspace(workspace, q, num_q_heads, head_size_v)
         splits = min(splits, workspace.max_splits, workspace.max_rows // num_tokens)
     if splits > 1:
+        # Partials as contiguous [tokens, heads, splits, Dv] and [tokens, heads, splits]: the
+        # first rows of the caller's scratch (no allocation, no host sync, not even a view).
         if workspace is None:
             part_o = torch.empty(
                 (num_tokens, num_q_heads, splits, head_size_v), dtype=torch.float32, device=q.device
@@ -730,65 +747,65 @@ def paged_attention(
                 (num_tokens, num_q_heads, splits), dtype=torch.float32, device=q.device
             )
         else:
-            # Views of the first tokens x splits rows: no allocation, no host sync.
-            n_o = num_tokens * num_q_heads * splits * head_size_v
-            n_l = num_tokens * num_q_heads * splits
-            part_o = workspace.partial_out.view(-1)[:n_o].view(
-                num_tokens, num_q_heads, splits, head_size_v
-            )
-            part_lse = workspace.partial_lse.view(-1)[:n_l].view(num_tokens, num_q_heads, splits)
+            part_o, part_lse = workspace.partial_out, workspace.partial_lse
+        po_strides = (num_q_heads * splits * head_size_v, splits * head_size_v, head_size_v)
+        pl_strides = (num_q_heads * splits, splits)
     else:
         splits = 1
         part_o, part_lse = out, out  # placeholders: without SPLIT_KV the kernel never touches them
+        po_strides, pl_strides = (0, 0, 0), (0, 0)
 
     num_q_blocks = num_tokens // cfg.block_q + batch  # upper bound; surplus blocks exit at once
     lse_t = lse_out if lse_out is not None else out
-    lse_strides = (lse_t.stride(0), lse_t.stride(1)) if lse_out is not None else (0, 0)
-    po_strides = part_o.stride()[:3] if splits > 1 else (0, 0, 0)
-    pl_strides = part_lse.stride()[:2] if splits > 1 else (0, 0)
+    lse_strides = lse_t.stride()[:2] if lse_out is not None else (0, 0)
     if key_cache.element_size() == 1 and cfg.fp8_dot_fp16:
         dot_mode = 2
-    elif q.device.type == "cpu" and q.dtype == torch.bfloat16:
+    elif q.is_cpu and q.dtype == torch.bfloat16:
         dot_mode = 1
     else:
         dot_mode = 0
-    head_k_pad = triton.next_power_of_2(head_size)
-    head_v_pad = triton.next_power_of_2(head_size_v)
+    head_k_pad = next_power_of_2(head_size)
+    head_v_pad = next_power_of_2(head_size_v)
     dummy_f32 = sinks if sinks is not None else (k_scale if k_scale is not None else lse_t)
-    handle = _paged_attn_kernel[(num_q_blocks, num_kv_heads, splits)](
-        q, key_cache, value_cache, out, lse_t, part_o, part_lse,
-        sinks if sinks is not None else dummy_f32,
-        k_scale if k_scale is not None else dummy_f32,
-        v_scale if v_scale is not None else dummy_f32,
-        cu_seqlens_q, seq_lens, block_table,
-        batch, float(softmax_scale), float(softcap), int(sliding_window or 0),
-        q.stride(0), q.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        out.stride(0), out.stride(1),
-        *lse_strides, *po_strides, *pl_strides,
-        block_table.stride(0), splits,
-        GQA=num_q_heads // num_kv_heads,
-        HEAD_K=head_size, HEAD_V=head_size_v, HEAD_K_PAD=head_k_pad, HEAD_V_PAD=head_v_pad,
-        BLOCK_SIZE=key_cache.shape[1], BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_q, TILE_N=cfg.tile_n,
-        SPLIT_KV=splits > 1, CAUSAL=bool(causal), USE_WINDOW=sliding_window is not None,
-        USE_SINKS=sinks is not None, USE_SOFTCAP=softcap > 0.0, USE_KV_SCALE=k_scale is not None,
-        WRITE_LSE=lse_out is not None, DOT_MODE=dot_mode,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    handle = _ATTN_LAUNCHER.launch(
+        (num_q_blocks, num_kv_heads, splits),
+        (
+            q, key_cache, value_cache, out, lse_t, part_o, part_lse,
+            sinks if sinks is not None else dummy_f32,
+            k_scale if k_scale is not None else dummy_f32,
+            v_scale if v_scale is not None else dummy_f32,
+            cu_seqlens_q, seq_lens, block_table,
+            batch, float(softmax_scale), float(softcap), int(sliding_window or 0),
+            *q.stride()[:2], *key_cache.stride()[:3], *value_cache.stride()[:3],
+            *out.stride()[:2], *lse_strides, *po_strides, *pl_strides,
+            block_table.stride(0), splits,
+            # constexprs, in signature order: GQA .. DOT_MODE
+            num_q_heads // num_kv_heads,
+            head_size, head_size_v, head_k_pad, head_v_pad,
+            key_cache.shape[1], cfg.block_m, cfg.block_q, cfg.tile_n,
+            splits > 1, bool(causal), sliding_window is not None,
+            sinks is not None, softcap > 0.0, k_scale is not None,
+            lse_out is not None, dot_mode,
+        ),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )  # fmt: skip
     if compiled is not None:
         compiled.append(handle)
     if splits > 1:
-        _split_kv_merge_kernel[(num_tokens, num_q_heads)](
-            part_o, part_lse, out, lse_t,
-            sinks if sinks is not None else dummy_f32,
-            cu_seqlens_q, batch,
-            *po_strides, *pl_strides,
-            out.stride(0), out.stride(1),
-            *lse_strides, splits,
-            HEAD_V=head_size_v, HEAD_V_PAD=head_v_pad,
-            SPLITS_PAD=triton.next_power_of_2(max(splits, MAX_SPLITS)),
-            USE_SINKS=sinks is not None, WRITE_LSE=lse_out is not None,
+        _MERGE_LAUNCHER.launch(
+            (num_tokens, num_q_heads, 1),
+            (
+                part_o, part_lse, out, lse_t,
+                sinks if sinks is not None else dummy_f32,
+                cu_seqlens_q, batch,
+                *po_strides, *pl_strides, *out.stride()[:2], *lse_strides, splits,
+                # constexprs: HEAD_V, HEAD_V_PAD, SPLITS_PAD, USE_SINKS, WRITE_LSE
+                head_size_v, head_v_pad,
+                next_power_of_2(max(splits, MAX_SPLITS)),
+                sinks is not None, lse_out is not None,
+            ),
             num_warps=4 if head_v_pad <= 128 else 8,
+            num_stages=_MERGE_STAGES,
         )  # fmt: skip
     return out

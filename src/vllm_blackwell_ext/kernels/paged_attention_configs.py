@@ -10,9 +10,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import triton
-
 from .device import DeviceInfo
+from .host_ints import next_power_of_2
 
 # Query lengths up to this take the decode-shaped config and may be split along the KV axis:
 # decode (1), spec-verify and DFlash draft blocks (up to 16).
@@ -73,11 +72,11 @@ def select_config(
 ) -> AttnConfig:
     """Pick the kernel config for a launch; depends only on host-side ints (capture-safe)."""
     head_max = max(head_k_pad, head_v_pad)
-    gqa_pad = triton.next_power_of_2(gqa)
+    gqa_pad = next_power_of_2(gqa)
     if max_seqlen_q <= SPLIT_KV_MAX_QUERY_LEN:
         # Decode/verify: one program holds every query token of the request for one KV head,
         # so each K/V byte is read once per KV head whatever the query length.
-        block_m = max(16, triton.next_power_of_2(max_seqlen_q * gqa))
+        block_m = max(16, next_power_of_2(max_seqlen_q * gqa))
         block_m = min(block_m, max(128 if head_max <= 128 else 64, gqa_pad))
     else:
         # Prefill: large query tiles for tensor-core efficiency; smaller for wide heads to

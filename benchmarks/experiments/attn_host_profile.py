@@ -1,0 +1,81 @@
+"""Where the host time of one eager `paged_attention` call goes (H200 experiment).
+
+For a decode batch and a draft block it prints, per call, without synchronising: the whole
+call with and without input checks, without them through Triton's binder instead of cached
+handles (`kernels/launch_cache.py`), a few torch view ops for scale, and the top of a cProfile
+of the call.
+
+    python benchmarks/experiments/attn_host_profile.py
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "src")]
+
+import torch
+
+from benchmarks.bench_paged_attention import Case, Inputs, ours_fn
+from vllm_blackwell_ext.kernels import paged_attention as pa
+
+N = 400
+
+
+def per_call_us(fn, n: int = N) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
+
+
+def main() -> None:
+    cases = [
+        Case("decode bf16 B=64 ctx=32k", 64, 32768, 1),
+        Case("decode fp8 B=64 ctx=32k", 64, 32768, 1, fp8=True),
+        Case("draft W=2048 q=16 B=1 ctx=4k", 1, 4096, 16, False, window=2048),
+    ]
+    for c in cases:
+        x = Inputs(c)
+        ws = pa.SplitKVWorkspace.for_device(32, 8, 128, "cuda")
+        checked = ours_fn(c, x, ws)
+        unchecked = ours_fn(c, x, ws, check_inputs=False)
+        checked()
+        torch.cuda.synchronize()
+        print(f"== {c.name}", flush=True)
+        print(f"  paged_attention checked       {per_call_us(checked):7.1f} us/call")
+        print(f"  paged_attention unchecked     {per_call_us(unchecked):7.1f} us/call")
+        launchers = (pa._ATTN_LAUNCHER, pa._MERGE_LAUNCHER)
+        for launcher in launchers:
+            launcher.enabled = False
+        print(f"  unchecked, Triton's binder    {per_call_us(unchecked):7.1f} us/call")
+        for launcher in launchers:
+            launcher.enabled = True
+
+        def views(q=x.q, kv=x.kv):
+            return q[:64], q[:64], kv.transpose(1, 2).split([128, 128], -1)
+
+        print(f"  forward views (q/out slice, kv split) {per_call_us(views):7.1f} us")
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            unchecked()
+        prof.disable()
+        torch.cuda.synchronize()
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(18)
+        print("\n".join(line for line in s.getvalue().splitlines()[6:30] if line.strip()))
+        del x
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Launch a Triton kernel through its compiled handle instead of Triton's per-call binder.
+
+`kernel[grid](*args)` re-derives the specialisation of every argument on every call (dtype,
+16-byte alignment, int divisibility and width), hashes it and looks the binary up: for our
+kernels' 30-50 arguments that is most of an eager launch's host time (H200 host, Triton 3.6:
+51-61 us through the binder, 12-18 us through the compiled handle,
+`benchmarks/experiments/attn_host_profile.py`). Eager launches are what vLLM runs for mixed
+prefill/decode batches on every attention layer.
+
+`CachedLauncher` keys each compiled handle by a superset of what Triton specialises on (the
+device, each tensor's dtype and 16-byte alignment, the value of every constexpr and
+specialised int, the int width of the others, the launch options), so a cached handle is
+reused only where Triton would have picked the same binary; any other call goes through
+Triton once and its handle joins the cache. Under the CPU interpreter (no compiled handles)
+and on Triton older than 3.3 (whose launchers take arguments differently) every call goes
+through Triton.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from operator import itemgetter
+from typing import Any
+
+import torch
+import triton
+
+# Handles take every argument, constexprs included, in signature order from Triton 3.3 on.
+_MIN_TRITON = (3, 3)
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+def _getter(indices: Sequence[int]) -> Callable[[tuple], tuple]:
+    """A C-speed picker of `indices` from an args tuple that always returns a tuple."""
+    if len(indices) == 1:
+        (i,) = indices
+        return lambda args: (args[i],)
+    if not indices:
+        return lambda args: ()
+    return itemgetter(*indices)
+
+
+def _triton_version() -> tuple[int, int]:
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+class CachedLauncher:
+    """Launches one `@triton.jit` kernel, reusing compiled handles across calls.
+
+    Each parameter must receive the same kind of value on every call (a tensor, an int, a
+    float); `args` holds every parameter in signature order, constexprs included.
+    """
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+        self._handles: dict[tuple, Any] = {}
+        # Under TRITON_INTERPRET=1 `triton.jit` makes an InterpretedFunction: no handles.
+        self.enabled = (
+            isinstance(kernel, triton.runtime.JITFunction) and _triton_version() >= _MIN_TRITON
+        )
+        self._tensors: Callable[[tuple], tuple] = _getter(())
+        self._values: Callable[[tuple], tuple] = _getter(())  # constexprs, specialised ints
+        self._widths: Callable[[tuple], tuple] = _getter(())  # other ints: only their width
+        self._classified = False
+
+    def _classify(self, args: tuple) -> None:
+        params = self.kernel.params
+        if len(params) != len(args):
+            raise TypeError(
+                f"{self.kernel.fn.__name__}: args must hold all {len(params)} parameters in "
+                f"signature order, got {len(args)}"
+            )
+        tensors, values, widths = [], [], []
+        for i, (p, a) in enumerate(zip(params, args, strict=True)):
+            if isinstance(a, torch.Tensor):
+                tensors.append(i)
+            elif p.is_constexpr or (isinstance(a, int) and not p.do_not_specialize):
+                values.append(i)
+            elif isinstance(a, int):
+                widths.append(i)
+            # floats: always passed as fp32, nothing to specialise
+        self._tensors, self._values, self._widths = (
+            _getter(tensors),
+            _getter(values),
+            _getter(widths),
+        )
+        self._classified = True
+
+    def _key(self, args: tuple, num_warps: int, num_stages: int) -> tuple:
+        tensors = self._tensors(args)
+        return (
+            tensors[0].get_device() if tensors else -1,
+            num_warps,
+            num_stages,
+            self._values(args),
+            tuple([t.dtype for t in tensors]),
+            tuple([t.data_ptr() & 15 == 0 for t in tensors]),
+            tuple([_INT32_MIN <= v <= _INT32_MAX for v in self._widths(args)]),
+        )
+
+    def launch(self, grid: tuple[int, int, int], args: tuple, *, num_warps: int, num_stages: int):
+        """Launch on `grid` (three ints); returns the compiled handle (None when interpreted)."""
+        if not self.enabled:
+            return self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+        if not self._classified:
+            self._classify(args)
+        key = self._key(args, num_warps, num_stages)
+        handle = self._handles.get(key)
+        if handle is None:
+            handle = self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+            self._handles[key] = handle
+        else:
+            handle[grid](*args)
+        return handle

@@ -1,0 +1,91 @@
+"""CachedLauncher: a compiled handle is reused only where Triton would pick the same binary.
+
+On the GPU every case compares results with torch and counts cached handles: a new dtype, a
+pointer off 16-byte alignment or a new value of a specialised int must each get a handle of
+its own (reusing an aligned binary on an unaligned pointer would fault or load wrong
+elements), while a new value of an unspecialised int must not. Under the CPU interpreter
+there are no handles and every launch goes through Triton.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from vllm_blackwell_ext.kernels.launch_cache import CachedLauncher
+
+ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+gpu_only = pytest.mark.skipif(not ON_GPU, reason="compiled handles exist only on a CUDA GPU")
+
+
+@triton.jit(do_not_specialize=["scale_int"])
+def _axpy_kernel(x_ptr, y_ptr, out_ptr, n, scale_int, alpha, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, (x * alpha * scale_int + y).to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def _launch(launcher: CachedLauncher, x, y, out, scale_int: int = 1, alpha: float = 2.0):
+    n, block = x.numel(), 64
+    launcher.launch(
+        (triton.cdiv(n, block), 1, 1),
+        (x, y, out, n, scale_int, alpha, block),
+        num_warps=4,
+        num_stages=3,
+    )
+    return out
+
+
+def _check(x, y, out, scale_int: int = 1, alpha: float = 2.0) -> None:
+    expected = (x.float() * alpha * scale_int + y.float()).to(out.dtype)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_interpreter_launches_through_triton(device: str) -> None:
+    launcher = CachedLauncher(_axpy_kernel)
+    assert launcher.enabled == ON_GPU
+    x = torch.arange(100, dtype=torch.float32, device=device)
+    y = torch.ones(100, dtype=torch.float32, device=device)
+    _check(x, y, _launch(launcher, x, y, torch.empty_like(x)))
+
+
+@gpu_only
+def test_handles_are_reused_only_for_the_same_specialisation() -> None:
+    launcher = CachedLauncher(_axpy_kernel)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    base = torch.randn(4096, device="cuda", generator=gen)
+    other = torch.randn(4096, device="cuda", generator=gen)
+
+    def run(x, y, **kw):
+        out = torch.full_like(x, float("nan"))
+        _check(x, y, _launch(launcher, x, y, out, **kw), **kw)
+        return len(launcher._handles)
+
+    assert run(base[:1024], other[:1024]) == 1
+    # New data, same layout and sizes: the cached handle serves it.
+    assert run(base[1024:2048], other[2048:3072]) == 1
+    # A new value of an unspecialised int or of a float: same binary (powers of two, so the
+    # products are exact whether or not the compiler fuses them into an FMA).
+    assert run(base[:1024], other[:1024], scale_int=4, alpha=0.5) == 1
+    # One element off 16-byte alignment: a binary without the aligned vector loads.
+    assert run(base[1:1025], other[:1024]) == 2
+    # A specialised int that is no longer a multiple of 16.
+    assert run(base[:1023], other[:1023]) == 3
+    # Another dtype.
+    assert run(base[:1024].half(), other[:1024].half()) == 4
+    # Back to the first specialisation: its handle again, no new entry.
+    assert run(base[2048:3072], other[:1024]) == 4
+
+
+@gpu_only
+def test_args_must_cover_the_signature() -> None:
+    launcher = CachedLauncher(_axpy_kernel)
+    x = torch.zeros(16, device="cuda")
+    with pytest.raises(TypeError, match="all 7 parameters"):
+        launcher.launch((1, 1, 1), (x, x, x, 16, 1, 1.0), num_warps=4, num_stages=3)
