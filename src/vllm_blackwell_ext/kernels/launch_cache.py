@@ -27,6 +27,9 @@ import triton
 
 # Handles take every argument, constexprs included, in signature order from Triton 3.3 on.
 _MIN_TRITON = (3, 3)
+# Triton's default pipelining depth on NVIDIA GPUs, for kernels that need no other: launches
+# pass num_stages explicitly, so the cache keys on what Triton compiles with.
+DEFAULT_NUM_STAGES = 3
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 

@@ -33,7 +33,7 @@ import triton.language as tl
 from vllm_blackwell_ext.kernels.checks import fail
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
 from vllm_blackwell_ext.kernels.host_ints import cdiv
-from vllm_blackwell_ext.kernels.launch_cache import CachedLauncher
+from vllm_blackwell_ext.kernels.launch_cache import DEFAULT_NUM_STAGES, CachedLauncher
 from vllm_blackwell_ext.kernels.mla_decode_configs import MlaDecodeConfig, get_mla_decode_config
 
 # (kv_lora_rank, rope_dim) pairs the kernel is built for: DeepSeek/Kimi (512 + 64) and the
@@ -351,8 +351,6 @@ def _kv_tag(dtype: torch.dtype) -> str:
     return "fp8" if dtype == torch.float8_e4m3fn else "bf16"
 
 
-# Triton's default pipelining depth, passed explicitly so cached launches key on it.
-_MERGE_STAGES = 3
 _SPLIT_LAUNCHER = CachedLauncher(_mla_decode_split_kernel)
 _MERGE_LAUNCHER = CachedLauncher(_mla_decode_merge_kernel)
 
@@ -653,7 +651,7 @@ def mla_decode(
                 cfg.block_n, block_r, block_s, has_lse,
             ),
             num_warps=merge_warps,
-            num_stages=_MERGE_STAGES,
+            num_stages=DEFAULT_NUM_STAGES,
         )  # fmt: skip
     return out
 

@@ -35,7 +35,7 @@ import triton.language as tl
 from .checks import fail
 from .device import DeviceInfo, device_info
 from .host_ints import next_power_of_2
-from .launch_cache import CachedLauncher
+from .launch_cache import DEFAULT_NUM_STAGES, CachedLauncher
 from .paged_attention_configs import (
     MAX_SPLITS,
     AttnConfig,
@@ -379,8 +379,6 @@ def _split_kv_merge_kernel(
         tl.store(lse_ptr + tok * stride_lt + head * stride_lh, lse)
 
 
-# Triton's default pipelining depth, passed explicitly so cached launches key on it.
-_MERGE_STAGES = 3
 _ATTN_LAUNCHER = CachedLauncher(_paged_attn_kernel)
 _MERGE_LAUNCHER = CachedLauncher(_split_kv_merge_kernel)
 
@@ -391,7 +389,8 @@ class SplitKVWorkspace:
 
     `partial_out` holds rows of (query token x split) partial outputs, [max_rows, H, Dv];
     `partial_lse` their log2-sum-exps, [max_rows, H]. A launch with T tokens and S splits uses
-    the first T * S rows, viewed as [T, H, S, ...]; `paged_attention` lowers S to what fits.
+    the first T * S rows, addressed as contiguous [T, H, S, ...]; `paged_attention` lowers S
+    to what fits.
     """
 
     partial_out: torch.Tensor
@@ -806,6 +805,6 @@ def paged_attention(
                 sinks is not None, lse_out is not None,
             ),
             num_warps=4 if head_v_pad <= 128 else 8,
-            num_stages=_MERGE_STAGES,
+            num_stages=DEFAULT_NUM_STAGES,
         )  # fmt: skip
     return out
