@@ -251,6 +251,8 @@ def sweep(ws: SplitKVWorkspace, budget_s: float) -> None:
     """Time config/split variants on the decisive cases (for tuning the config table)."""
     t0 = time.time()
     picks = [
+        Case("verify q=16 B=1 8k", 1, 8192, 16),
+        Case("draft W=2048 q=16 B=1 4k", 1, 4096, 16, causal=False, window=2048),
         Case("decode fp8 B=64 32k", 64, 32768, 1, fp8=True),
         Case("decode fp8 B=8 32k", 8, 32768, 1, fp8=True),
         Case("verify q=16 B=8 32k", 8, 32768, 16),
@@ -265,6 +267,12 @@ def sweep(ws: SplitKVWorkspace, budget_s: float) -> None:
             for tile in (64, 128, 256):
                 for f16 in (True, False):
                     variants.append((replace(base, tile_n=tile, fp8_dot_fp16=f16), plan))
+        elif c.batch == 1 and c.q_len > 1:
+            # Short single-request blocks: where the fixed split + merge cost goes.
+            variants += [(base, sp) for sp in (1, 2, 4, 8, 16, 64) if sp != plan]
+            for tile, warps, stages in ((32, 4, 3), (64, 4, 3), (32, 8, 2), (128, 8, 2)):
+                cfg = replace(base, tile_n=tile, num_warps=warps, num_stages=stages)
+                variants += [(cfg, plan), (cfg, max(1, plan // 2))]
         else:
             for tile in (32, 64, 128):
                 variants.append((replace(base, tile_n=tile), plan))

@@ -423,6 +423,18 @@ def test_workspace_for_device_holds_every_planned_split():
     assert ws.partial_out.numel() * 4 < 64 << 20  # scratch stays small (MiB, not GiB)
 
 
+def test_split_single_token_decode_of_a_2_byte_cache_takes_32_key_tiles():
+    def tile(split_kv: bool, kv_elem: int = 2, gqa: int = 4, q_len: int = 1) -> int:
+        return select_config(
+            H200, head_k_pad=128, head_v_pad=128, gqa=gqa, max_seqlen_q=q_len,
+            kv_elem=kv_elem, split_kv=split_kv,
+        ).tile_n  # fmt: skip
+
+    assert (tile(True), tile(False)) == (32, 64)
+    assert tile(True, kv_elem=1) == tile(False, kv_elem=1) == 128  # fp8 keeps its tile
+    assert tile(True, q_len=16) == tile(False, q_len=16) == 64  # verify blocks too
+
+
 @pytest.mark.parametrize("head_size", SUPPORTED_HEAD_SIZES)
 @pytest.mark.parametrize("kv_elem", [1, 2])
 @pytest.mark.parametrize("max_seqlen_q", [1, 16, 2048])

@@ -651,6 +651,8 @@ def launch_config(
     value_cache: torch.Tensor,
     max_seqlen_q: int,
     info: DeviceInfo | None = None,
+    *,
+    split_kv: bool = False,
 ) -> AttnConfig:
     """The config `paged_attention` would launch with (for tests and the benchmark)."""
     info = info if info is not None else device_info(q.device)
@@ -663,6 +665,7 @@ def launch_config(
         max_seqlen_q=max_seqlen_q,
         kv_elem=key_cache.element_size(),
         q_elem=q.element_size(),
+        split_kv=split_kv,
     )
 
 
@@ -718,23 +721,22 @@ def paged_attention(
     if num_tokens == 0 or batch == 0 or max_seqlen_q == 0:
         return out
     info = device_info(q.device)
-    cfg = (
-        config
-        if config is not None
-        else launch_config(q, key_cache, value_cache, max_seqlen_q, info)
-    )
-
     splits = (
         num_splits
         if num_splits is not None
         else plan_split_kv(num_tokens, max_seqlen_q, max_seqlen_k, num_kv_heads, info)
     )
-    if max_seqlen_q > cfg.block_q:
-        splits = 1  # several query blocks per request: the grid is already wide (prefill)
     if splits > 1 and workspace is not None:
         if check_inputs:
             _check_workspace(workspace, q, num_q_heads, head_size_v)
         splits = min(splits, workspace.max_splits, workspace.max_rows // num_tokens)
+    cfg = (
+        config
+        if config is not None
+        else launch_config(q, key_cache, value_cache, max_seqlen_q, info, split_kv=splits > 1)
+    )
+    if max_seqlen_q > cfg.block_q:
+        splits = 1  # several query blocks per request: the grid is already wide (prefill)
     if splits > 1:
         # Partials as contiguous [tokens, heads, splits, Dv] and [tokens, heads, splits]: the
         # first rows of the caller's scratch (no allocation, no host sync, not even a view).

@@ -69,8 +69,12 @@ def select_config(
     max_seqlen_q: int,
     kv_elem: int,
     q_elem: int = 2,
+    split_kv: bool = False,
 ) -> AttnConfig:
-    """Pick the kernel config for a launch; depends only on host-side ints (capture-safe)."""
+    """Pick the kernel config for a launch; depends only on host-side ints (capture-safe).
+
+    `split_kv`: the launch splits the KV range (`plan_split_kv` > 1).
+    """
     head_max = max(head_k_pad, head_v_pad)
     gqa_pad = next_power_of_2(gqa)
     if max_seqlen_q <= SPLIT_KV_MAX_QUERY_LEN:
@@ -86,6 +90,12 @@ def select_config(
     block_q = max(1, block_m // gqa)
     # Same bytes per step whatever the cache dtype: fp8 tiles cover twice the keys.
     tile_n = 64 if head_max <= 128 else 32
+    if split_kv and block_m == 16 and kv_elem == 2 and head_max <= 128:
+        # Split single-token decode of a 2-byte cache: 32-key tiles. H200, 32 q / 8 KV heads,
+        # head 128 (`benchmarks/experiments/attn_decode_tiles.py`): B=1 32k 61.9 -> 53.0 us,
+        # B=1 128k 192 -> 155 us, B=8 32k 345 -> 285 us. Unsplit launches (B=64: 1941 vs
+        # 2039 us) and fp8 caches (128 keys: 2217 vs 1732 GB/s at B=8) keep the wider tile.
+        tile_n = 32
     if kv_elem == 1:
         tile_n *= 2
     num_warps = 8 if block_m * head_max >= 128 * 128 or block_m >= 128 else 4
