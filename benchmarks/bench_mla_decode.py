@@ -24,6 +24,7 @@ sys.path[:0] = [str(REPO), str(REPO / "src")]  # run from a checkout: `benchmark
 
 import torch
 
+from benchmarks.flashinfer_peer import FlashInferMla
 from benchmarks.harness import (
     Row,
     bench_us,
@@ -274,6 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=None, help="run cases whose name contains this")
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument(
+        "--flashinfer-dir",
+        default=".peer_flashinfer",
+        help="FlashInfer wheels from scripts/fetch_flashinfer_peer.sh (where it is not installed)",
+    )
+    ap.add_argument(
         "--eager",
         dest="graph",
         action="store_false",
@@ -294,6 +300,15 @@ def main(argv: list[str] | None = None) -> int:
             print(peer_notes[-1], flush=True)
     else:
         peer_notes.append(peer_not_run_note(PEER, "--no-peer"))
+    fi: FlashInferMla | None = None
+    if args.no_peer:
+        peer_notes.append(peer_not_run_note(FlashInferMla.name, "--no-peer"))
+    else:
+        try:
+            fi = FlashInferMla(args.flashinfer_dir)
+        except Exception as e:  # not installed and no wheels, or it does not import here
+            peer_notes.append(peer_not_run_note(FlashInferMla.name, f"{type(e).__name__}: {e}"))
+            print(peer_notes[-1], flush=True)
     roof_gbps = copy_roofline_gbps(dev)
     roof_tflops = matmul_tflops(dev)
     print(f"copy roofline {roof_gbps:.0f} GB/s, bf16 matmul {roof_tflops:.0f} TFLOP/s", flush=True)
@@ -314,6 +329,18 @@ def main(argv: list[str] | None = None) -> int:
         peers: dict[str, float] = {}
         if peer is not None:
             peers[PEER] = figure(c, timer(peer.make(c, x)))
+        if fi is not None:
+            try:
+                fi_fn = fi.make(
+                    q=x.q, cache=x.cache, block_table=x.block_table, seq_lens=x.seq_lens,
+                    query_len=c.q_len, rank=R, softmax_scale=W**-0.5,
+                    k_scale=float(x.k_scale) if x.k_scale is not None else None,
+                )  # fmt: skip
+                peers[fi.name] = figure(c, timer(fi_fn))
+            except Exception as e:  # a kind FlashInfer refuses: say so in the table, go on
+                note = peer_not_run_note(fi.name, f"{c.name}: {type(e).__name__}: {e}"[:300])
+                print(note, flush=True)
+                notes.append(note)
         if c.metric == "us":
             # Where the time goes: the eager call (host launch included) and the split stage
             # alone with one split (no merge).

@@ -26,6 +26,7 @@ sys.path[:0] = [str(REPO), str(REPO / "src")]  # run from a checkout: `benchmark
 
 import torch
 
+from benchmarks.flashinfer_peer import FlashInferPaged
 from benchmarks.harness import (
     Row,
     bench_us,
@@ -344,8 +345,22 @@ def host_rows(c: Case, x: Inputs, ws: SplitKVWorkspace, peer: PeerVllm | None) -
     return rows
 
 
+def flashinfer_fn(fi: FlashInferPaged, c: Case, x: Inputs):
+    return fi.make(
+        kv=x.kv, q=x.q, cu_seqlens_q=x.cu, seq_lens=x.seq_lens, block_table=x.block_table,
+        max_seqlen_q=x.max_seqlen_q, causal=c.causal, window=c.window,
+        k_scale=float(x.k_scale) if c.fp8 else None, v_scale=float(x.v_scale) if c.fp8 else None,
+    )  # fmt: skip
+
+
 def run_case(
-    c: Case, ws: SplitKVWorkspace, peer: PeerVllm | None, roof: float, dev: str
+    c: Case,
+    ws: SplitKVWorkspace,
+    peer: PeerVllm | None,
+    roof: float,
+    dev: str,
+    fi: FlashInferPaged | None = None,
+    notes: list[str] | None = None,
 ) -> list[Row]:
     x = Inputs(c, dev)
     if c.host:
@@ -359,6 +374,14 @@ def run_case(
         f = sdpa_fn(c, x)
         if f is not None:
             peers["sdpa"] = figure(c, graph_us(f))
+    if fi is not None:
+        try:
+            peers[fi.name] = figure(c, graph_us(flashinfer_fn(fi, c, x)))
+        except Exception as e:  # a kind FlashInfer refuses: say so in the table, go on
+            note = peer_not_run_note(fi.name, f"{c.name}: {type(e).__name__}: {e}"[:300])
+            print(note, flush=True)
+            if notes is not None:
+                notes.append(note)
     rows = [Row(c.name, c.metric, figure(c, us), peers, roof if c.metric == "GB/s" else None)]
     if c.metric == "us":  # also eagerly: what a run without CUDA graphs pays per call
         eager = {PEER: bench_us(peer.make(c, x))} if peer is not None else {}
@@ -379,6 +402,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--only", default=None, help="run cases whose name contains this")
     ap.add_argument("--sweep", type=float, default=0.0, help="seconds of config sweep after")
+    ap.add_argument(
+        "--flashinfer-dir",
+        default=".peer_flashinfer",
+        help="FlashInfer wheels from scripts/fetch_flashinfer_peer.sh (where it is not installed)",
+    )
+    ap.add_argument("--no-flashinfer", action="store_true")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("paged-attention benchmark needs a CUDA GPU")
@@ -393,12 +422,21 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # missing, or the stand-ins lag a newer kernel file: ours anyway
         peer_notes.append(peer_not_run_note(PEER, f"{type(e).__name__}: {e}"))
         print(peer_notes[-1], flush=True)
+    fi: FlashInferPaged | None = None
+    if args.no_flashinfer:
+        peer_notes.append(peer_not_run_note(FlashInferPaged.name, "--no-flashinfer"))
+    else:
+        try:
+            fi = FlashInferPaged(args.flashinfer_dir, dev)
+        except Exception as e:  # not installed and no wheels, or it does not import here
+            peer_notes.append(peer_not_run_note(FlashInferPaged.name, f"{type(e).__name__}: {e}"))
+            print(peer_notes[-1], flush=True)
     ws = SplitKVWorkspace.for_device(HQ, HKV, D, device=dev)
     rows: list[Row] = []
     todo = [c for c in cases() if args.only is None or args.only in c.name]
     for c in progress(todo, "paged attention"):
         try:
-            rows.extend(run_case(c, ws, peer, roof, dev))
+            rows.extend(run_case(c, ws, peer, roof, dev, fi, peer_notes))
         except Exception as e:  # one broken case must not lose the others' figures
             print(f"{c.name}: FAILED {e!r}", flush=True)
         gc.collect()
