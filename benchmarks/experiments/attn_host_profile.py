@@ -14,7 +14,6 @@ import cProfile
 import io
 import pstats
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,20 +21,14 @@ sys.path[:0] = [str(REPO), str(REPO / "src")]
 
 import torch
 
-from benchmarks.bench_paged_attention import Case, Inputs, ours_fn
+from benchmarks.bench_paged_attention import Case, Inputs, host_us, ours_fn
 from vllm_blackwell_ext.kernels import paged_attention as pa
 
 N = 400
 
 
-def per_call_us(fn, n: int = N) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
+def per_call_us(fn) -> float:
+    return host_us(fn, N)
 
 
 def main() -> None:
