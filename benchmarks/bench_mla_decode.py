@@ -9,7 +9,10 @@ called as vLLM 0.32's `TritonMLAImpl.forward_mqa` calls it: its split-count form
 `attn_logits` scratch of [rows, heads, splits, 513], query rows of a multi-token block
 flattened with per-row causal extents.
 
+`flashinfer-mla` is FlashInfer's MLA decode (`benchmarks/flashinfer_peer.py`).
+
     python benchmarks/bench_mla_decode.py [--out-dir DIR] [--peer-dir .peer] [--only SUBSTR]
+        [--flashinfer-dir .peer_flashinfer]
 """
 
 from __future__ import annotations

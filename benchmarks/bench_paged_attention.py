@@ -5,11 +5,13 @@ the serving shapes that matter: decode (bf16 and fp8 KV), spec-verify and DFlash
 (query 8/16, causal and not), the sliding-window draft layer and prefill. GB/s counts the KV
 bytes a case must read (in the cache dtype) per second; the copy roofline is measured in the
 same run. Peers: `vllm-triton-unified` (vLLM's kernel via `benchmarks/vllm_peer.py`,
-scratch sized as vLLM's TritonAttentionMetadataBuilder sizes it) and, for prefill, `sdpa`
-(torch SDPA on contiguous K/V, which dispatches to FlashAttention).
+scratch sized as vLLM's TritonAttentionMetadataBuilder sizes it), `flashinfer`
+(`benchmarks/flashinfer_peer.py`) and, for prefill, `sdpa` (torch SDPA on contiguous K/V,
+which dispatches to FlashAttention). The `host` cases time eager calls instead: host wall time
+per call without synchronising, back-to-back eager time per call, and the CUDA-graph replay.
 
     python benchmarks/bench_paged_attention.py [--out-dir DIR] [--peer-dir .peer] [--only SUBSTR]
-        [--sweep]
+        [--sweep SECONDS] [--flashinfer-dir .peer_flashinfer] [--no-flashinfer]
 """
 
 from __future__ import annotations
