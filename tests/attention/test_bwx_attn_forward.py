@@ -288,6 +288,8 @@ def _run_step(
     query = torch.randn(padded, NUM_HEADS, HEAD_SIZE, generator=gen).to(dtype)
     output = torch.full((padded, NUM_HEADS, HEAD_SIZE), float("nan"), dtype=dtype)
     impl.forward(layer, query, step_k, step_v, kv_cache, metadata, output)
+    # forward hands the kernel the whole (padded) query and output: padding rows stay unwritten.
+    assert torch.isnan(output[num_tokens:]).all(), "forward wrote a padding row of the output"
 
     # The cache holds exactly the quantised K/V at every slot of every request.
     key_cache, value_cache = kv_cache.transpose(1, 2).split(HEAD_SIZE, dim=-1)
