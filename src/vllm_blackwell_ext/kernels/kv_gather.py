@@ -34,6 +34,7 @@ import triton.language as tl
 from ..kv_cache_dtypes import FP8_KV_CACHE_DTYPES
 from .device import device_info
 from .host_ints import cdiv, next_power_of_2
+from .launch_cache import DEFAULT_NUM_STAGES, CachedLauncher
 
 DEBUG_BOUNDS_ENV = "BWX_DEBUG_BOUNDS"
 
@@ -281,6 +282,9 @@ def check_bounds_on_host(
         )
 
 
+_GATHER_LAUNCHER = CachedLauncher(_kv_gather_kernel)
+
+
 def launch_kv_gather(
     src_cache: torch.Tensor,
     dst: torch.Tensor,
@@ -314,37 +318,26 @@ def launch_kv_gather(
     cfg = config or default_config(src_cache.device)
     entry = _entry_width(src_cache, 2)
     piece, main, tail = _pieces(entry, cfg.max_piece)
-    grid = (cdiv(num_rows, cfg.block_t),)
+    grid = (cdiv(num_rows, cfg.block_t), 1, 1)
     # Unused pointer arguments get a real tensor of the right kind; constexprs keep them unread.
-    _kv_gather_kernel[grid](
-        src_cache,
-        dst,
-        block_table,
-        cu_seq_lens,
-        token_to_seq if token_to_seq is not None else cu_seq_lens,
-        seq_starts if seq_starts is not None else cu_seq_lens,
-        scale if scale is not None else cu_seq_lens,
-        num_rows,
-        batch_size,
-        max(batch_size - 1, 0).bit_length(),
-        src_cache.shape[1],
-        src_cache.shape[0],
-        block_table.shape[1],
-        block_table.stride(0),
-        src_cache.stride(0),
-        src_cache.stride(1),
-        dst.stride(0),
-        E=entry,
-        PIECE=piece,
-        E_MAIN=main,
-        TAIL=tail,
-        BLOCK_T=cfg.block_t,
-        HAS_TOKEN_TO_SEQ=token_to_seq is not None,
-        HAS_SEQ_STARTS=seq_starts is not None,
-        DEQUANT=scale is not None,
-        EVICT="evict_first" if cfg.evict_first else "",
+    _GATHER_LAUNCHER.launch(
+        grid,
+        (
+            src_cache, dst, block_table, cu_seq_lens,
+            token_to_seq if token_to_seq is not None else cu_seq_lens,
+            seq_starts if seq_starts is not None else cu_seq_lens,
+            scale if scale is not None else cu_seq_lens,
+            num_rows, batch_size, max(batch_size - 1, 0).bit_length(),
+            src_cache.shape[1], src_cache.shape[0], block_table.shape[1], block_table.stride(0),
+            src_cache.stride(0), src_cache.stride(1), dst.stride(0),
+            # constexprs, in signature order: E .. EVICT
+            entry, piece, main, tail, cfg.block_t,
+            token_to_seq is not None, seq_starts is not None, scale is not None,
+            "evict_first" if cfg.evict_first else "",
+        ),
         num_warps=cfg.num_warps,
-    )
+        num_stages=DEFAULT_NUM_STAGES,
+    )  # fmt: skip
 
 
 def gather_and_maybe_dequant_cache(
