@@ -37,7 +37,7 @@ def main() -> None:
     for b, ctx in ((1, 32768), (1, 131072), (8, 32768), (64, 32768)):
         c = Case(f"decode bf16 B={b} ctx={ctx // 1024}k", b, ctx, 1)
         x = Inputs(c)
-        base = launch_config(x.q, x.k, x.v, 1)
+        base = launch_config(x.q, x.k, x.v, 1)  # unsplit choice; the variants set the tile
         plan = plan_split_kv(b, 1, ctx, HKV, device_info(x.q.device))
         for tile, warps, stages in ((64, 4, 3), (32, 4, 3), (32, 4, 4), (32, 2, 3), (64, 2, 3)):
             cfg = replace(base, tile_n=tile, num_warps=warps, num_stages=stages)
