@@ -196,6 +196,29 @@ def test_cpu_mla_member_resolves_to_bwx_mla_under_the_cpu_override(monkeypatch):
     assert cpu_prefill.get_name() == "CPU_SDPA_MLA" and cpu_prefill.is_available()
 
 
+def test_on_an_amx_host_the_cpu_routes_still_pick_what_the_tests_name(monkeypatch):
+    """On an x86 CPU with AMX tiles vLLM's CPU platform answers AMX_MLA unless CPU_MLA is named
+    (and AMX_MLA refuses the fp32 weights of the reference engines): naming CPU_MLA, as those
+    engines do, keeps vLLM's reference MLA, and the BWX_CPU_BACKENDS=mla opt-in points both
+    members at BWX_MLA. The AMX host is simulated by the same query vLLM asks."""
+    from vllm.platforms.cpu import CpuArchEnum, CpuPlatform
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    monkeypatch.setattr(
+        CpuPlatform, "get_cpu_architecture", classmethod(lambda cls: CpuArchEnum.X86)
+    )
+    cpu_mla, amx_mla = AttentionBackendEnum.CPU_MLA, AttentionBackendEnum.AMX_MLA
+    for member in (cpu_mla, amx_mla):
+        monkeypatch.delitem(registry._ATTN_OVERRIDES, member, raising=False)
+    assert CpuPlatform.get_attn_backend_cls(None, _config()) == amx_mla.get_path()
+    assert CpuPlatform.get_attn_backend_cls(cpu_mla, _config()) == cpu_mla.get_path()
+    assert "amx" not in cpu_mla.get_path().lower()
+    for member in (cpu_mla, amx_mla):
+        monkeypatch.setitem(registry._ATTN_OVERRIDES, member, BACKEND_PATH)
+    assert CpuPlatform.get_attn_backend_cls(None, _config()) == BACKEND_PATH
+    assert CpuPlatform.get_attn_backend_cls(cpu_mla, _config()) == BACKEND_PATH
+
+
 @pytest.mark.parametrize(
     ("overrides", "argument"),
     [
