@@ -6,13 +6,17 @@
 #   attention   benchmarks/bench_engine.py: BWX_ATTN against vLLM's attention backends
 #   mla         benchmarks/bench_engine.py --family mla: BWX_MLA against vLLM's MLA backends
 #   gather      benchmarks/bench_kv_gather.py: the paged-KV gather against vLLM's CUDA gather
+#   paged       benchmarks/bench_paged_attention.py: the kernel against vLLM's Triton kernel,
+#               SDPA and FlashInfer (wheels from scripts/fetch_flashinfer_peer.sh, carried)
+#   mla-decode  benchmarks/bench_mla_decode.py: the MLA decode kernel against vLLM's Triton MLA
+#               and FlashInfer's MLA
 #
-#   scripts/gpu_verify.sh OUT_DIR tests attention mla gather
+#   scripts/gpu_verify.sh OUT_DIR tests attention mla gather paged mla-decode
 #
 # OUT_DIR gets the pytest logs, the engine tests' summary.md and the benchmark results; each
 # engine's figures are written as soon as it finishes, so a run cut short keeps those.
 set -uo pipefail
-[[ $# -ge 2 ]] || { sed -n '2,13p' "$0"; exit 2; }
+[[ $# -ge 2 ]] || { sed -n '2,17p' "$0"; exit 2; }
 out=$1
 shift
 mkdir -p "$out"
@@ -35,6 +39,12 @@ for step in "$@"; do
       ;;
     gather)
       python benchmarks/bench_kv_gather.py --out-dir "$out/bench" || status=1
+      ;;
+    paged)
+      python benchmarks/bench_paged_attention.py --out-dir "$out/bench" || status=1
+      ;;
+    mla-decode)
+      python benchmarks/bench_mla_decode.py --out-dir "$out/bench" || status=1
       ;;
     *)
       echo "[gpu_verify] unknown step: $step" >&2
