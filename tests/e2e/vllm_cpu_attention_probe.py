@@ -6,8 +6,9 @@ kernel that cannot run on a host kills the engine's worker by a signal, with no 
 traceback, in the middle of the first request. This probe calls the same ops the backend calls
 (cache write, scheduler metadata, attention) on the tiny test model's head shape, in a child
 process, for a lone request's prefill and decode steps and for batches of decode and mixed rows
-with context across blocks, and compares the output with a pure-torch attention. `probe()`
-reports one line: what ran, and whether it crashed (by which signal), failed, or matched.
+with context across blocks, and compares the output with the project's pure-torch paged
+attention (`reference/paged_attention.py`). `probe()` reports one line: what ran, and whether
+it crashed (by which signal), failed, or matched.
 
     python -m tests.e2e.vllm_cpu_attention_probe [--isa amx|vec|...]
 """
@@ -54,23 +55,13 @@ def host_isa() -> str:
     return _get_attn_isa(torch.bfloat16, BLOCK_SIZE, HEAD_DIM, "auto")
 
 
-def _reference(q, k, v, causal_offset: int):
-    import torch
-
-    group = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(group, dim=1).float()
-    v = v.repeat_interleave(group, dim=1).float()
-    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * HEAD_DIM**-0.5
-    rows = torch.arange(q.shape[0])[:, None] + causal_offset
-    scores = scores.masked_fill(torch.arange(k.shape[0])[None, :] > rows, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
-
-
 def run_kernel(isa: str) -> float:
     """Run vLLM's CPU attention with `isa` over BATCHES; returns the largest error against the
     reference."""
     import torch
     from vllm import _custom_ops as ops
+
+    from vllm_blackwell_ext.reference.paged_attention import paged_attention_ref
 
     torch.manual_seed(0)
     dtype = torch.bfloat16
@@ -126,10 +117,15 @@ def run_kernel(isa: str) -> float:
             scheduler_metadata=metadata,
             s_aux=None,
         )
-        for b in range(batch):
-            rows = slice(int(query_start[b]), int(query_start[b + 1]))
-            expected = _reference(query[rows], keys[b], values[b], context)
-            worst = max(worst, float((output[rows].float() - expected).abs().max()))
+        # The reference reads its own cache ([blocks, block_size, heads, dim]) filled from the
+        # same keys and values, so vLLM's cache write is checked too.
+        ref_caches = [torch.zeros(len(cache), BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM) for _ in "kv"]
+        for ref_cache, rows in zip(ref_caches, (keys, values), strict=True):
+            ref_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)[slots] = torch.cat(rows).float()
+        expected, _ = paged_attention_ref(
+            query, *ref_caches, query_start, seq_lens, block_table, softmax_scale=HEAD_DIM**-0.5
+        )
+        worst = max(worst, float((output.float() - expected).abs().max()))
     return worst
 
 
