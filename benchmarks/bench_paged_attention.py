@@ -244,7 +244,9 @@ def compiled_stats(c: Case, x: Inputs, ws: SplitKVWorkspace) -> str:
     handles: list = []
     ours_fn(c, x, ws, compiled=handles)()
     h = handles[0]
-    splits = plan_split_kv(x.q.shape[0], c.q_len, c.ctx, HKV, device_info(x.q.device))
+    splits = plan_split_kv(
+        x.q.shape[0], c.q_len, c.ctx, HKV, device_info(x.q.device), kv_elem=x.k.element_size()
+    )
     cfg = launch_config(x.q, x.k, x.v, c.q_len, split_kv=splits > 1)
     return (f"{cfg} splits={splits} shared={h.metadata.shared} regs={getattr(h, 'n_regs', '?')} "
             f"spills={getattr(h, 'n_spills', '?')}")  # fmt: skip
@@ -263,7 +265,9 @@ def sweep(ws: SplitKVWorkspace, budget_s: float) -> None:
     ]
     for c in picks:
         x = Inputs(c)
-        plan = plan_split_kv(x.q.shape[0], c.q_len, c.ctx, HKV, device_info(x.q.device))
+        plan = plan_split_kv(
+            x.q.shape[0], c.q_len, c.ctx, HKV, device_info(x.q.device), kv_elem=x.k.element_size()
+        )
         base = launch_config(x.q, x.k, x.v, c.q_len, split_kv=plan > 1)
         variants = [(base, plan)]
         if c.fp8:

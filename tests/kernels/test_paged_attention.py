@@ -35,6 +35,7 @@ from vllm_blackwell_ext.kernels.paged_attention import (
     plan_split_kv,
 )
 from vllm_blackwell_ext.kernels.paged_attention_configs import (
+    DOUBLE_BUFFER_STAGES,
     MAX_SPLITS,
     SPLIT_KV_MAX_QUERY_LEN,
     select_config,
@@ -411,6 +412,17 @@ def test_plan_splits_long_single_decode_and_not_full_batches():
     assert plan_split_kv(1, 1, 300, 8, H200) == 1  # too short to be worth a merge
 
 
+def test_plan_gives_fp8_single_token_decode_one_wave_of_two_programs_per_sm():
+    # 132 SMs x 2 programs / 8 KV heads = 33 splits; a 2-byte cache aims at two waves
+    assert plan_split_kv(1, 1, 131072, 8, H200, kv_elem=1) == 33
+    assert plan_split_kv(1, 1, 131072, 8, H200, kv_elem=2) == 64
+    assert plan_split_kv(8, 1, 32768, 8, H200, kv_elem=1) == 4
+    # verify blocks already aim at one wave, whatever the cache
+    assert plan_split_kv(16, 16, 131072, 8, H200, kv_elem=1) == plan_split_kv(
+        16, 16, 131072, 8, H200
+    )
+
+
 def test_workspace_for_device_holds_every_planned_split():
     for kv_heads in (1, 2, 8):
         rows = split_kv_max_rows(kv_heads, H200)
@@ -433,6 +445,26 @@ def test_split_single_token_decode_of_a_2_byte_cache_takes_32_key_tiles():
     assert (tile(True), tile(False)) == (32, 64)
     assert tile(True, kv_elem=1) == tile(False, kv_elem=1) == 128  # fp8 keeps its tile
     assert tile(True, q_len=16) == tile(False, q_len=16) == 64  # verify blocks too
+
+
+def test_decode_tiles_are_double_buffered_where_measured_and_where_they_fit():
+    def stages(info, kv_elem: int, split: bool, q_len: int = 1, head: int = 128) -> int:
+        return select_config(
+            info, head_k_pad=head, head_v_pad=head, gqa=4, max_seqlen_q=q_len,
+            kv_elem=kv_elem, split_kv=split,
+        ).num_stages  # fmt: skip
+
+    # fp8 single-token decode, split or not; 2-byte caches when split (decode and verify)
+    assert stages(H200, 1, False) == stages(H200, 1, True) == DOUBLE_BUFFER_STAGES
+    assert stages(H200, 2, True) == stages(H200, 2, True, q_len=16) == DOUBLE_BUFFER_STAGES
+    # not measured faster: unsplit 2-byte decode, fp8 verify blocks, wide heads, prefill
+    assert stages(H200, 2, False) < DOUBLE_BUFFER_STAGES
+    assert stages(H200, 1, True, q_len=16) < DOUBLE_BUFFER_STAGES
+    assert stages(H200, 1, False, head=256) < DOUBLE_BUFFER_STAGES
+    assert stages(H200, 2, False, q_len=2048) < DOUBLE_BUFFER_STAGES
+    # 101 KB per block (sm120): the single-buffered choice of the estimate
+    assert stages(SM120, 1, False) < DOUBLE_BUFFER_STAGES
+    assert stages(SM120, 2, True) < DOUBLE_BUFFER_STAGES
 
 
 @pytest.mark.parametrize("head_size", SUPPORTED_HEAD_SIZES)

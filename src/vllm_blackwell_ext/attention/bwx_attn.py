@@ -210,6 +210,7 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
         model_config = vllm_config.model_config
         self.block_size = kv_cache_spec.block_size
         self.num_kv_heads = kv_cache_spec.num_kv_heads
+        self.kv_elem = kv_cache_spec.dtype.itemsize
         self.head_size = kv_cache_spec.head_size
         self.num_heads_q = get_num_attention_heads_from_layers(
             vllm_config, layer_names
@@ -263,8 +264,9 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
         if self.plan_for_max_len:
             max_seq_len = max(max_seq_len, self.max_model_len)
         return plan_split_kv(
-            num_tokens, max_query_len, max_seq_len, self.num_kv_heads, self.device_info
-        )
+            num_tokens, max_query_len, max_seq_len, self.num_kv_heads, self.device_info,
+            kv_elem=self.kv_elem,
+        )  # fmt: skip
 
     def build(
         self,

@@ -85,7 +85,8 @@ def paged_attention_warmup_keys(
         # A one-request launch asks for the most splits; a query longer than the tile's
         # query block never splits.
         can_split = q_len <= cfg.block_q and (
-            plan_split_kv(q_len, q_len, max_model_len, layer.num_kv_heads, info) > 1
+            plan_split_kv(q_len, q_len, max_model_len, layer.num_kv_heads, info, kv_elem=kv_elem)
+            > 1
         )
         if can_split:
             keys.append(PagedAttentionKey(layer, q_len, split_kv=True))

@@ -724,7 +724,14 @@ def paged_attention(
     splits = (
         num_splits
         if num_splits is not None
-        else plan_split_kv(num_tokens, max_seqlen_q, max_seqlen_k, num_kv_heads, info)
+        else plan_split_kv(
+            num_tokens,
+            max_seqlen_q,
+            max_seqlen_k,
+            num_kv_heads,
+            info,
+            kv_elem=key_cache.element_size(),
+        )
     )
     if splits > 1 and workspace is not None:
         if check_inputs:

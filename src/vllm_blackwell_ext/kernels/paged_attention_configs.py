@@ -31,6 +31,21 @@ BLOCK_QUERY_LEN = 8
 TARGET_PROGRAMS_PER_SM_BLOCK = 2
 # Launches with at least this many (request, KV head) programs per SM are not split.
 MIN_PROGRAMS_PER_SM = 2
+# Single-token decode of an fp8 cache: its ~210-register programs fit two per SM, so one wave
+# is two per SM. H200, one request, 32 instead of 64 splits: 32k 48.3 -> 43.3 us, 128k
+# 123.8 -> 120.1 us (`benchmarks/experiments/attn_fp8_decode_configs.py`).
+TARGET_PROGRAMS_PER_SM_FP8 = 2
+# Five pipeline stages double-buffer a decode launch's K/V tiles: Triton pipelines them one
+# indirection (the block-table load) behind the loop, so 3 or 4 stages give them one buffer
+# (Triton 3.6). Taken by fp8 single-token decode and by split launches over 2-byte caches,
+# head <= 128, on devices whose blocks hold this much shared memory (sm90, sm100; the largest
+# such config compiled to 115,200 B). H200, Qwen3-8B shapes, 3 -> 5 stages
+# (`benchmarks/experiments/attn_fp8_decode_configs.py`, `pipeline_stages.py`): fp8 B=8 32k
+# 242.8 -> 220.9 us, fp8 B=64 32k 1688 -> 1650 us, fp8 B=1 128k 133.5 -> 123.8 us; bf16 split
+# B=8 32k 286.4 -> 266.5 us, B=1 128k 153.9 -> 145.5 us; verify q=16 B=8 32k 360.8 -> 297.1
+# us. Unsplit bf16 B=64 kept 3 stages (1939.8 vs 1953.4 us).
+DOUBLE_BUFFER_STAGES = 5
+DOUBLE_BUFFER_MIN_SMEM = 200_000
 
 
 @dataclass(frozen=True)
@@ -99,6 +114,13 @@ def select_config(
     if kv_elem == 1:
         tile_n *= 2
     num_warps = 8 if block_m * head_max >= 128 * 128 or block_m >= 128 else 4
+    if (
+        max_seqlen_q <= SPLIT_KV_MAX_QUERY_LEN
+        and head_max <= 128
+        and info.smem_per_block >= DOUBLE_BUFFER_MIN_SMEM
+        and ((kv_elem == 1 and block_m == 16) or (kv_elem == 2 and split_kv))
+    ):
+        return AttnConfig(block_m, block_q, tile_n, num_warps, DOUBLE_BUFFER_STAGES)
     limit = int(info.smem_per_block * 0.9)  # margin for Triton's own layout scratch
     # Bytes in flight per program are stages x tile: keep 2-3 stages and shrink the tile
     # before falling back to a single (unpipelined) stage.
@@ -119,6 +141,7 @@ def plan_split_kv(
     device_info: DeviceInfo,
     *,
     max_splits: int = MAX_SPLITS,
+    kv_elem: int = 2,
 ) -> int:
     """How many KV segments a launch uses (1 = no split). Pure host arithmetic on ints.
 
@@ -126,7 +149,8 @@ def plan_split_kv(
     leave SMs idle. The number of requests is at least ceil(tokens / max_seqlen_q), so the grid
     has at least that many programs per KV head; splits bring it to at most
     TARGET_PROGRAMS_PER_SM per SM (TARGET_PROGRAMS_PER_SM_BLOCK for query blocks of
-    BLOCK_QUERY_LEN or more; whole waves), never below MIN_KEYS_PER_SPLIT keys per split.
+    BLOCK_QUERY_LEN or more, TARGET_PROGRAMS_PER_SM_FP8 for single tokens over a 1-byte
+    cache (`kv_elem`); whole waves), never below MIN_KEYS_PER_SPLIT keys per split.
     """
     if max_seqlen_q < 1 or max_seqlen_q > SPLIT_KV_MAX_QUERY_LEN or num_query_tokens < 1:
         return 1
@@ -136,9 +160,12 @@ def plan_split_kv(
         return 1  # enough programs already: a split only adds the merge (H200: B=64 lost 10%)
     # Round DOWN to whole waves: with ~2 programs resident per SM, 9 splits x 64 programs
     # (2.2 waves) ran at 2441 GB/s on the H200 where 4 (1 wave) ran at 3029 and 18 at 2981.
-    per_sm = (
-        TARGET_PROGRAMS_PER_SM_BLOCK if max_seqlen_q >= BLOCK_QUERY_LEN else TARGET_PROGRAMS_PER_SM
-    )
+    if max_seqlen_q >= BLOCK_QUERY_LEN:
+        per_sm = TARGET_PROGRAMS_PER_SM_BLOCK
+    elif kv_elem == 1 and max_seqlen_q == 1:
+        per_sm = TARGET_PROGRAMS_PER_SM_FP8
+    else:
+        per_sm = TARGET_PROGRAMS_PER_SM
     target = device_info.num_sms * per_sm
     splits = target // base_programs
     splits = min(splits, max_seqlen_k // MIN_KEYS_PER_SPLIT, max_splits)
