@@ -9,10 +9,12 @@ called as vLLM 0.32's `TritonMLAImpl.forward_mqa` calls it: its split-count form
 `attn_logits` scratch of [rows, heads, splits, 513], query rows of a multi-token block
 flattened with per-row causal extents.
 
-`flashinfer-mla` is FlashInfer's MLA decode (`benchmarks/flashinfer_peer.py`).
+`flashinfer-mla` is FlashInfer's MLA decode (`benchmarks/flashinfer_peer.py`), `flashmla`
+FlashMLA's dense decode built from source on the GPU machine (`benchmarks/flashmla_peer.py`;
+bf16 rows only: it has no dense fp8 decode).
 
     python benchmarks/bench_mla_decode.py [--out-dir DIR] [--peer-dir .peer] [--only SUBSTR]
-        [--flashinfer-dir .peer_flashinfer]
+        [--flashinfer-dir .peer_flashinfer] [--flashmla-dir .peer_flashmla]
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ sys.path[:0] = [str(REPO), str(REPO / "src")]  # run from a checkout: `benchmark
 import torch
 
 from benchmarks.flashinfer_peer import FlashInferMla
+from benchmarks.flashmla_peer import FlashMla, PeerRefuses
 from benchmarks.harness import (
     Row,
     bench_us,
@@ -283,6 +286,11 @@ def main(argv: list[str] | None = None) -> int:
         help="FlashInfer wheels from scripts/fetch_flashinfer_peer.sh (where it is not installed)",
     )
     ap.add_argument(
+        "--flashmla-dir",
+        default=".peer_flashmla",
+        help="FlashMLA sources from scripts/fetch_flashmla_peer.sh (built here on first use)",
+    )
+    ap.add_argument(
         "--eager",
         dest="graph",
         action="store_false",
@@ -311,6 +319,15 @@ def main(argv: list[str] | None = None) -> int:
             fi = FlashInferMla(args.flashinfer_dir)
         except Exception as e:  # not installed and no wheels, or it does not import here
             peer_notes.append(peer_not_run_note(FlashInferMla.name, f"{type(e).__name__}: {e}"))
+            print(peer_notes[-1], flush=True)
+    fmla: FlashMla | None = None
+    if args.no_peer:
+        peer_notes.append(peer_not_run_note(FlashMla.name, "--no-peer"))
+    else:
+        try:
+            fmla = FlashMla(args.flashmla_dir)
+        except Exception as e:  # no sources, or they do not build here: the others anyway
+            peer_notes.append(peer_not_run_note(FlashMla.name, f"{type(e).__name__}: {e}"[:600]))
             print(peer_notes[-1], flush=True)
     roof_gbps = copy_roofline_gbps(dev)
     roof_tflops = matmul_tflops(dev)
@@ -342,6 +359,21 @@ def main(argv: list[str] | None = None) -> int:
                 peers[fi.name] = figure(c, timer(fi_fn))
             except Exception as e:  # a kind FlashInfer refuses: say so in the table, go on
                 note = peer_not_run_note(fi.name, f"{c.name}: {type(e).__name__}: {e}"[:300])
+                print(note, flush=True)
+                notes.append(note)
+        if fmla is not None:
+            try:
+                fmla_fn = fmla.make(
+                    q=x.q, cache=x.cache, block_table=x.block_table, seq_lens=x.seq_lens,
+                    query_len=c.q_len, rank=R, softmax_scale=W**-0.5,
+                )  # fmt: skip
+                peers[fmla.name] = figure(c, timer(fmla_fn))
+            except PeerRefuses as e:  # fp8: once in the notes, not once per row
+                note = peer_not_run_note(fmla.name, f"fp8 rows: {e}")
+                if note not in notes:
+                    notes.append(note)
+            except Exception as e:  # a case FlashMLA refuses: say so in the table, go on
+                note = peer_not_run_note(fmla.name, f"{c.name}: {type(e).__name__}: {e}"[:300])
                 print(note, flush=True)
                 notes.append(note)
         if c.metric == "us":

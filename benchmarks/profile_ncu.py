@@ -4,7 +4,7 @@ Run on the GPU machine (no vLLM needed):
 
     ncu --profile-from-start off --clock-control none \
         --section SpeedOfLight --section Occupancy --section LaunchStats \
-        --section WarpStateStats python3 benchmarks/profile_ncu.py
+        --section WarpStateStats python3 benchmarks/profile_ncu.py [--family mla|paged]
 
 Each case is built with its benchmark's own input builder and planner, launched once to
 compile, then once more between cudaProfilerStart/Stop so ncu records only that launch.
@@ -12,6 +12,7 @@ compile, then once more between cudaProfilerStart/Stop so ncu records only that 
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -29,8 +30,15 @@ MLA_CASES = (
     "h16 bf16 B=64 ctx=32k",
     "h128 bf16 B=64 ctx=32k",
     "h16 bf16 B=1 ctx=128k",
+    "h16 bf16 q_len=4 B=64 ctx=32k",
 )
-PAGED_CASES = ("decode fp8 B=64 ctx=32k", "decode bf16 B=64 ctx=32k")
+PAGED_CASES = (
+    "decode fp8 B=64 ctx=32k",
+    "decode bf16 B=64 ctx=32k",
+    "decode fp8 B=8 ctx=32k",
+    "verify causal q=16 B=1 ctx=8k",
+    "prefill causal B=1 L=8k",
+)
 
 
 def _profiled(name: str, fn) -> None:
@@ -43,15 +51,21 @@ def _profiled(name: str, fn) -> None:
     torch.cuda.cudart().cudaProfilerStop()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="profile_ncu.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--family", choices=("mla", "paged"), default=None, help="only these cases")
+    args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("profile_ncu.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    caches = mla_bench.Caches("cuda")
-    by_name = {c.name: c for c in mla_bench.cases()}
-    for name in MLA_CASES:
-        case = by_name[name]
-        _profiled(f"mla {name}", mla_bench.ours_fn(case, mla_bench.make_inputs(case, caches)))
+    if args.family in (None, "mla"):
+        caches = mla_bench.Caches("cuda")
+        by_name = {c.name: c for c in mla_bench.cases()}
+        for name in MLA_CASES:
+            case = by_name[name]
+            _profiled(f"mla {name}", mla_bench.ours_fn(case, mla_bench.make_inputs(case, caches)))
+    if args.family == "mla":
+        return 0
     ws = SplitKVWorkspace.for_device(32, 8, 128, torch.device("cuda"))
     by_name = {c.name: c for c in pa_bench.cases()}
     for name in PAGED_CASES:
