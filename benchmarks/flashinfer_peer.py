@@ -1,12 +1,14 @@
 """FlashInfer as a benchmark peer: `flashinfer` (paged GQA) and `flashinfer-mla` in the tables.
 
 FlashInfer is what vLLM picks on Hopper and Blackwell for paged attention and MLA decode. On a
-GPU machine without a package registry, carry the two wheels `scripts/fetch_flashinfer_peer.sh`
-downloads into `.peer_flashinfer/` (flashinfer-python and apache-tvm-ffi, about 62 MiB: one
-command's carry); `load_flashinfer(dir)` installs them into `dir/site` once (pip, no
-dependencies) and imports FlashInfer. Its other requirements at import (nvidia-ml-py, einops,
-tabulate, ninja, cuda-bindings) are in the H200 image. FlashInfer compiles each kernel with
-nvcc on first use (cached under ~/.cache/flashinfer), so the first case of a kind takes minutes.
+GPU machine without a package registry, carry `.peer_flashinfer/` as
+`scripts/fetch_flashinfer_peer.sh` fills it (flashinfer-python's files as one xz archive and
+the apache-tvm-ffi wheel, about 20 MiB: the 62 MiB wheel itself does not fit one command's
+carry beside the checkout); `load_flashinfer(dir)` unpacks and installs them into `dir/site`
+once (no dependencies) and imports FlashInfer. Its other requirements at import (nvidia-ml-py,
+einops, tabulate, ninja, cuda-bindings) are in the H200 image. FlashInfer compiles each kernel
+with nvcc on first use (cached under ~/.cache/flashinfer): about 2.5 minutes for every kind the
+benchmarks use on the H200, run in parallel.
 
 Each peer gets FlashInfer's own cache layout, with the benchmark's values and page table:
 paged GQA an NHD cache `[pages, 2, page, kv_heads, head]`, MLA its split form (latent and rope
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +28,17 @@ import torch
 from benchmarks.vllm_peer import PeerMissing
 
 FETCH_HINT = "scripts/fetch_flashinfer_peer.sh .peer_flashinfer"
+SITE_ARCHIVE = "flashinfer-site.tar.xz"
 WORKSPACE_BYTES = 256 << 20
 
 
 def load_flashinfer(peer_dir: str) -> Any:
-    """Import FlashInfer, installing the wheels under `peer_dir` first where it is missing."""
+    """Import FlashInfer, first unpacking / installing what `peer_dir` holds where it is missing.
+
+    `peer_dir` holds what `scripts/fetch_flashinfer_peer.sh` writes: `flashinfer-site.tar.xz`
+    (the flashinfer-python wheel's files) and wheels (apache-tvm-ffi; a flashinfer-python
+    wheel works too); both go into `peer_dir/site` once.
+    """
     try:
         import flashinfer
 
@@ -39,15 +48,21 @@ def load_flashinfer(peer_dir: str) -> Any:
     folder = Path(peer_dir)
     site = folder / "site"
     if not (site / "flashinfer").is_dir():
+        archive = folder / SITE_ARCHIVE
         wheels = sorted(str(w) for w in folder.glob("*.whl"))
-        if not wheels:
-            raise PeerMissing(f"flashinfer is not installed and {peer_dir!r} holds no wheels: "
-                              f"run {FETCH_HINT}")  # fmt: skip
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
-             *wheels],
-            check=True,
-        )  # fmt: skip
+        if not archive.is_file() and not wheels:
+            raise PeerMissing(f"flashinfer is not installed and {peer_dir!r} holds neither "
+                              f"{SITE_ARCHIVE} nor wheels: run {FETCH_HINT}")  # fmt: skip
+        # Wheels first: `site/flashinfer` marks a finished install (from the archive or a wheel).
+        if wheels:
+            subprocess.run(
+                [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                 str(site), *wheels],
+                check=True,
+            )  # fmt: skip
+        if archive.is_file():
+            with tarfile.open(archive) as tar:
+                tar.extractall(site, filter="data")
     sys.path.insert(0, str(site))
     import flashinfer
 

@@ -7,7 +7,7 @@
 #   mla         benchmarks/bench_engine.py --family mla: BWX_MLA against vLLM's MLA backends
 #   gather      benchmarks/bench_kv_gather.py: the paged-KV gather against vLLM's CUDA gather
 #   paged       benchmarks/bench_paged_attention.py: the kernel against vLLM's Triton kernel,
-#               SDPA and FlashInfer (wheels from scripts/fetch_flashinfer_peer.sh, carried)
+#               SDPA and FlashInfer (.peer_flashinfer from scripts/fetch_flashinfer_peer.sh, carried)
 #   mla-decode  benchmarks/bench_mla_decode.py: the MLA decode kernel against vLLM's Triton MLA,
 #               FlashInfer's MLA and FlashMLA (sources from scripts/fetch_flashmla_peer.sh, carried)
 #
