@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--flashinfer-dir",
         default=".peer_flashinfer",
-        help="FlashInfer wheels from scripts/fetch_flashinfer_peer.sh (where it is not installed)",
+        help="FlashInfer from scripts/fetch_flashinfer_peer.sh (where it is not installed)",
     )
     ap.add_argument("--no-flashinfer", action="store_true")
     args = ap.parse_args(argv)

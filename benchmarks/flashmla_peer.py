@@ -5,8 +5,9 @@ source only, and its one extension builds 27 CUDA files (sparse decode, sparse p
 prefill and backward) against CUTLASS. The benchmark needs its sm90 dense decode alone, so
 `scripts/fetch_flashmla_peer.sh` packs those sources and CUTLASS's headers from a FlashMLA
 checkout into `.peer_flashmla/flashmla-src.tar.xz` (about 1 MiB), and `load_flashmla(dir)`
-builds them on the GPU machine with torch's extension builder (nvcc, sm_90a; a few minutes the
-first time, cached in `dir/build`), bound by `flashmla_dense_decode.cpp` beside this file.
+builds them on the GPU machine with torch's extension builder (nvcc, sm_90a; about a minute
+on the H200 machine the first time, cached in `dir/build`), bound by `flashmla_dense_decode.cpp`
+beside this file.
 
 Its dense decode takes bf16 / fp16 caches with 64-token pages (fp8 only in its sparse, DSA
 decode, a different cache format): fp8 rows say so in the table instead of a figure.
