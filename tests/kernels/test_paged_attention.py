@@ -19,6 +19,7 @@ Tolerances (output compared in fp32 against an fp32 reference that reads the sam
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -284,6 +285,30 @@ def test_window_is_backward_only_and_skips_tiles_before_it(causal):
         case["value_cache"][page, slot] += 5.0
         out2 = run_both(case, **kw)[0]
         assert (out2[0] - out[0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("heavy_first", [False, True])
+@pytest.mark.parametrize("window", [None, 20])
+@pytest.mark.parametrize("causal", [True, False])
+def test_unmasked_interior_tiles_and_heavy_first_order_match_reference(causal, window, heavy_first):
+    """16-key tiles give each request masked window-start tiles, unmasked interior tiles and
+    masked diagonal/tail tiles: whole and split launches, and several query blocks a request."""
+    kw = dict(softmax_scale=0.125, causal=causal, sliding_window=window)
+    short = make_case(
+        [1, 8], [90, 70], num_q_heads=4, num_kv_heads=2, head_size=64, block_size=16,
+        dtype=torch.float16,
+    )  # fmt: skip
+    cfg = replace(
+        launch_config(short["q"], short["key_cache"], short["value_cache"], 8),
+        block_m=16, block_q=8, tile_n=16, unmasked_interior=True, heavy_first=heavy_first,
+    )  # fmt: skip
+    for splits in (1, 3):
+        assert_close(short, torch.float16, config=cfg, num_splits=splits, **kw)
+    long = make_case(
+        [40, 3], [120, 50], num_q_heads=4, num_kv_heads=2, head_size=64, block_size=16,
+        dtype=torch.bfloat16, seed=1,
+    )  # fmt: skip
+    assert_close(long, torch.bfloat16, config=cfg, **kw)
 
 
 def test_strided_vllm_view_equals_contiguous_cache():

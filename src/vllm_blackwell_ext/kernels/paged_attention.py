@@ -86,6 +86,94 @@ def _find_request(cu_q_ptr, q_block_idx, batch, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
+@triton.jit
+def _attend_tiles(
+    acc,
+    l_i,
+    m_i,
+    q,
+    qk_scale,
+    softcap,
+    window,
+    tile_lo,
+    tile_hi,
+    k_hi,
+    row_ok,
+    q_pos,
+    bt_row,
+    k_head,
+    v_head,
+    stride_kb,
+    stride_ks,
+    stride_vb,
+    stride_vs,
+    offs_dk,
+    offs_dv,
+    dk_ok,
+    dv_ok,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    MASKED: tl.constexpr,  # False: every key of these tiles is visible to every valid row
+):
+    """Online softmax over key tiles [tile_lo, tile_hi); returns the updated (acc, l_i, m_i).
+
+    Unmasked tiles skip the key bounds, the causal/window masks and the empty-row guard:
+    there every valid row sees every key, so its running max is finite after the first tile
+    (padding rows hold a zero query and are never stored).
+    """
+    offs_t = tl.arange(0, TILE_N)
+    for j in range(tile_lo, tile_hi):
+        key_pos = j * TILE_N + offs_t
+        if MASKED:
+            key_ok = key_pos < k_hi
+            page = tl.load(bt_row + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+            kv_ok = key_ok[:, None]
+        else:
+            page = tl.load(bt_row + key_pos // BLOCK_SIZE).to(tl.int64)
+            kv_ok = tl.full([TILE_N, 1], True, tl.int1)
+        slot = key_pos % BLOCK_SIZE
+        k = tl.load(
+            k_head + page[:, None] * stride_kb + slot[:, None] * stride_ks + offs_dk[None, :],
+            mask=kv_ok & dk_ok[None, :],
+            other=0.0,
+        )
+        s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
+        if USE_SOFTCAP:
+            # softcap * tanh(s / softcap), tanh from exp for portability (interpreter, Triton 3.6)
+            y = s / softcap
+            e = tl.exp(-2.0 * tl.abs(y))
+            t = (1.0 - e) / (1.0 + e)
+            s = softcap * tl.where(y < 0, -t, t) * 1.4426950408889634
+        if MASKED:
+            visible = row_ok[:, None] & key_ok[None, :]
+            if CAUSAL:
+                visible = visible & (key_pos[None, :] <= q_pos[:, None])
+            if USE_WINDOW:
+                visible = visible & (key_pos[None, :] > q_pos[:, None] - window)
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # A row with nothing visible yet keeps -inf; subtracting 0 gives exp2(-inf) = 0.
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = m_new
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            v_head + page[:, None] * stride_vb + slot[:, None] * stride_vs + offs_dv[None, :],
+            mask=kv_ok & dv_ok[None, :],
+            other=0.0,
+        )
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
 # Ints that change from batch to batch (request count, split count and the partial-LSE strides
 # that follow it) are runtime values, not specialised on: eager mixed batches in vLLM bring any
 # of them at any time, and each new specialisation would compile (about a second on an H200)
@@ -147,9 +235,20 @@ def _paged_attn_kernel(
     USE_KV_SCALE: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     DOT_MODE: tl.constexpr,  # 0: query dtype, 1: fp32 (CPU interpreter), 2: fp16 (fp8 cache)
+    UNMASKED_INTERIOR: tl.constexpr,  # interior tiles in a loop without masks
+    HEAVY_FIRST: tl.constexpr,  # launch order: last query blocks (the longest, causal) first
 ):
-    pid_q = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    if HEAVY_FIRST:
+        # Programs start roughly in linear id order: walk query blocks from the last, all KV
+        # heads of one block together, so the longest causal blocks do not form the tail.
+        num_q_programs = tl.num_programs(0)
+        num_heads = tl.num_programs(1)
+        linear = tl.program_id(1) * num_q_programs + tl.program_id(0)
+        pid_q = num_q_programs - 1 - linear // num_heads
+        kv_head = linear % num_heads
+    else:
+        pid_q = tl.program_id(0)
+        kv_head = tl.program_id(1)
     split = tl.program_id(2)
 
     req = _find_request(cu_q_ptr, pid_q, batch, BLOCK_Q)
@@ -221,53 +320,43 @@ def _paged_attn_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_V_PAD], dtype=tl.float32)
 
     bt_row = block_table_ptr + req.to(tl.int64) * stride_bt
-    offs_t = tl.arange(0, TILE_N)
-    for j in range(tile_lo, tile_hi):
-        key_pos = j * TILE_N + offs_t
-        key_ok = key_pos < k_hi
-        page = tl.load(bt_row + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
-        slot = key_pos % BLOCK_SIZE
-        k = tl.load(
-            k_ptr
-            + page[:, None] * stride_kb
-            + slot[:, None] * stride_ks
-            + kv_head * stride_kh
-            + offs_dk[None, :],
-            mask=key_ok[:, None] & dk_ok[None, :],
-            other=0.0,
-        )
-        s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
-        if USE_SOFTCAP:
-            # softcap * tanh(s / softcap), tanh from exp for portability (interpreter, Triton 3.6)
-            y = s / softcap
-            e = tl.exp(-2.0 * tl.abs(y))
-            t = (1.0 - e) / (1.0 + e)
-            s = softcap * tl.where(y < 0, -t, t) * 1.4426950408889634
-        visible = row_ok[:, None] & key_ok[None, :]
+    k_head = k_ptr + kv_head * stride_kh
+    v_head = v_ptr + kv_head * stride_vh
+    if UNMASKED_INTERIOR:
+        # Tiles every row of the block sees whole (past the window start of its last query,
+        # up to the first query's own position) run without masks, in order between the
+        # masked edges: [tile_lo, full_lo) masked, [full_lo, full_hi) not, [full_hi, tile_hi).
         if CAUSAL:
-            visible = visible & (key_pos[None, :] <= q_pos[:, None])
+            full_hi = (pos_first + 1) // TILE_N
+        else:
+            full_hi = k_hi // TILE_N
+        full_lo = tile_lo
         if USE_WINDOW:
-            visible = visible & (key_pos[None, :] > q_pos[:, None] - window)
-        s = tl.where(visible, s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A row with nothing visible yet keeps -inf; subtracting 0 then gives exp2(-inf) = 0.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_ptr
-            + page[:, None] * stride_vb
-            + slot[:, None] * stride_vs
-            + kv_head * stride_vh
-            + offs_dv[None, :],
-            mask=key_ok[:, None] & dv_ok[None, :],
-            other=0.0,
-        )
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)
-        m_i = m_new
+            full_lo = (tl.maximum(pos_last - window + 1, 0) + TILE_N - 1) // TILE_N
+        full_lo = tl.minimum(tl.maximum(full_lo, tile_lo), tile_hi)
+        full_hi = tl.minimum(tl.maximum(full_hi, full_lo), tile_hi)
+    else:
+        full_lo = tile_hi
+        full_hi = tile_hi
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q, qk_scale, softcap, window, tile_lo, full_lo, k_hi, row_ok, q_pos,
+        bt_row, k_head, v_head, stride_kb, stride_ks, stride_vb, stride_vs,
+        offs_dk, offs_dv, dk_ok, dv_ok,
+        BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, True,
+    )  # fmt: skip
+    if UNMASKED_INTERIOR:
+        acc, l_i, m_i = _attend_tiles(
+            acc, l_i, m_i, q, qk_scale, softcap, window, full_lo, full_hi, k_hi, row_ok, q_pos,
+            bt_row, k_head, v_head, stride_kb, stride_ks, stride_vb, stride_vs,
+            offs_dk, offs_dv, dk_ok, dv_ok,
+            BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, False,
+        )  # fmt: skip
+        acc, l_i, m_i = _attend_tiles(
+            acc, l_i, m_i, q, qk_scale, softcap, window, full_hi, tile_hi, k_hi, row_ok, q_pos,
+            bt_row, k_head, v_head, stride_kb, stride_ks, stride_vb, stride_vs,
+            offs_dk, offs_dv, dk_ok, dv_ok,
+            BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, True,
+        )  # fmt: skip
 
     if USE_KV_SCALE:
         acc = acc * tl.load(v_scale_ptr)
@@ -787,13 +876,13 @@ def paged_attention(
             *q.stride()[:2], *key_cache.stride()[:3], *value_cache.stride()[:3],
             *out.stride()[:2], *lse_strides, *po_strides, *pl_strides,
             block_table.stride(0), splits,
-            # constexprs, in signature order: GQA .. DOT_MODE
+            # constexprs, in signature order: GQA .. HEAVY_FIRST
             num_q_heads // num_kv_heads,
             head_size, head_size_v, head_k_pad, head_v_pad,
             key_cache.shape[1], cfg.block_m, cfg.block_q, cfg.tile_n,
             splits > 1, bool(causal), sliding_window is not None,
             sinks is not None, softcap > 0.0, k_scale is not None,
-            lse_out is not None, dot_mode,
+            lse_out is not None, dot_mode, cfg.unmasked_interior, cfg.heavy_first,
         ),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

@@ -60,6 +60,11 @@ class AttnConfig:
     # fp8 caches: convert tiles to fp16 for the dots (one native cvt per pair of values)
     # instead of to the query dtype (bf16: several instructions per value).
     fp8_dot_fp16: bool = True
+    # Tiles every query row sees whole run in their own loop without masks (between the
+    # masked window-start and diagonal tiles).
+    unmasked_interior: bool = False
+    # Programs walk query blocks from the last (the longest under a causal mask) to the first.
+    heavy_first: bool = False
 
     def smem_estimate(self, head_k_pad: int, head_v_pad: int, kv_elem: int, q_elem: int) -> int:
         """Bytes of shared memory the pipelined loop needs (what Triton allocates, roughly).
