@@ -287,10 +287,9 @@ def test_window_is_backward_only_and_skips_tiles_before_it(causal):
         assert (out2[0] - out[0]).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("heavy_first", [False, True])
 @pytest.mark.parametrize("window", [None, 20])
 @pytest.mark.parametrize("causal", [True, False])
-def test_unmasked_interior_tiles_and_heavy_first_order_match_reference(causal, window, heavy_first):
+def test_unmasked_interior_tiles_match_reference(causal, window):
     """16-key tiles give each request masked window-start tiles, unmasked interior tiles and
     masked diagonal/tail tiles: whole and split launches, and several query blocks a request."""
     kw = dict(softmax_scale=0.125, causal=causal, sliding_window=window)
@@ -300,7 +299,7 @@ def test_unmasked_interior_tiles_and_heavy_first_order_match_reference(causal, w
     )  # fmt: skip
     cfg = replace(
         launch_config(short["q"], short["key_cache"], short["value_cache"], 8),
-        block_m=16, block_q=8, tile_n=16, unmasked_interior=True, heavy_first=heavy_first,
+        block_m=16, block_q=8, tile_n=16, unmasked_interior=True,
     )  # fmt: skip
     for splits in (1, 3):
         assert_close(short, torch.float16, config=cfg, num_splits=splits, **kw)
@@ -490,6 +489,26 @@ def test_decode_tiles_are_double_buffered_where_measured_and_where_they_fit():
     # 101 KB per block (sm120): the single-buffered choice of the estimate
     assert stages(SM120, 1, False) < DOUBLE_BUFFER_STAGES
     assert stages(SM120, 2, True) < DOUBLE_BUFFER_STAGES
+
+
+def test_prefill_takes_wide_tiles_where_they_fit_and_unmasked_interiors_where_measured():
+    def cfg(info, kv_elem: int, q_len: int, split: bool = False, head: int = 128):
+        return select_config(
+            info, head_k_pad=head, head_v_pad=head, gqa=4, max_seqlen_q=q_len,
+            kv_elem=kv_elem, split_kv=split,
+        )  # fmt: skip
+
+    wide = cfg(H200, 2, 2048)
+    assert (wide.block_m, wide.tile_n, wide.num_warps, wide.num_stages) == (128, 128, 8, 2)
+    assert cfg(SM120, 2, 2048).tile_n < 128  # 101 KB per block: the estimate's choice
+    assert cfg(H200, 2, 2048, head=256).tile_n < 128
+    # unmasked interiors: prefill everywhere, fp8 single-token decode; not bf16 decode/verify
+    assert cfg(H200, 2, 2048).unmasked_interior and cfg(SM120, 1, 2048).unmasked_interior
+    assert cfg(H200, 1, 1).unmasked_interior and cfg(H200, 1, 1, split=True).unmasked_interior
+    assert not cfg(H200, 2, 1).unmasked_interior
+    assert not cfg(H200, 2, 1, split=True).unmasked_interior
+    assert not cfg(H200, 2, 16, split=True).unmasked_interior
+    assert not cfg(H200, 1, 16).unmasked_interior
 
 
 @pytest.mark.parametrize("head_size", SUPPORTED_HEAD_SIZES)

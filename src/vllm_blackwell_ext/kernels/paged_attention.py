@@ -236,19 +236,9 @@ def _paged_attn_kernel(
     WRITE_LSE: tl.constexpr,
     DOT_MODE: tl.constexpr,  # 0: query dtype, 1: fp32 (CPU interpreter), 2: fp16 (fp8 cache)
     UNMASKED_INTERIOR: tl.constexpr,  # interior tiles in a loop without masks
-    HEAVY_FIRST: tl.constexpr,  # launch order: last query blocks (the longest, causal) first
 ):
-    if HEAVY_FIRST:
-        # Programs start roughly in linear id order: walk query blocks from the last, all KV
-        # heads of one block together, so the longest causal blocks do not form the tail.
-        num_q_programs = tl.num_programs(0)
-        num_heads = tl.num_programs(1)
-        linear = tl.program_id(1) * num_q_programs + tl.program_id(0)
-        pid_q = num_q_programs - 1 - linear // num_heads
-        kv_head = linear % num_heads
-    else:
-        pid_q = tl.program_id(0)
-        kv_head = tl.program_id(1)
+    pid_q = tl.program_id(0)
+    kv_head = tl.program_id(1)
     split = tl.program_id(2)
 
     req = _find_request(cu_q_ptr, pid_q, batch, BLOCK_Q)
@@ -876,13 +866,13 @@ def paged_attention(
             *q.stride()[:2], *key_cache.stride()[:3], *value_cache.stride()[:3],
             *out.stride()[:2], *lse_strides, *po_strides, *pl_strides,
             block_table.stride(0), splits,
-            # constexprs, in signature order: GQA .. HEAVY_FIRST
+            # constexprs, in signature order: GQA .. UNMASKED_INTERIOR
             num_q_heads // num_kv_heads,
             head_size, head_size_v, head_k_pad, head_v_pad,
             key_cache.shape[1], cfg.block_m, cfg.block_q, cfg.tile_n,
             splits > 1, bool(causal), sliding_window is not None,
             sinks is not None, softcap > 0.0, k_scale is not None,
-            lse_out is not None, dot_mode, cfg.unmasked_interior, cfg.heavy_first,
+            lse_out is not None, dot_mode, cfg.unmasked_interior,
         ),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

@@ -46,6 +46,13 @@ TARGET_PROGRAMS_PER_SM_FP8 = 2
 # us. Unsplit bf16 B=64 kept 3 stages (1939.8 vs 1953.4 us).
 DOUBLE_BUFFER_STAGES = 5
 DOUBLE_BUFFER_MIN_SMEM = 200_000
+# Prefill of a 2-byte cache, head <= 128, on those same devices: 128 x 128 tiles at 2 stages
+# (163,840 B compiled), interior tiles unmasked. H200, Qwen3-8B shapes, TFLOP/s, against
+# 128 x 64 tiles at 3 stages with every tile masked: causal 8k 280.5 -> 314.9, 4 x 4k
+# 246.1 -> 300.6, a 2k chunk after 14k 263.9 -> 307.1
+# (`benchmarks/experiments/attn_prefill_configs.py`, `h200-attn-prefill-configs.txt`).
+PREFILL_WIDE_TILE_N = 128
+PREFILL_WIDE_STAGES = 2
 
 
 @dataclass(frozen=True)
@@ -63,8 +70,6 @@ class AttnConfig:
     # Tiles every query row sees whole run in their own loop without masks (between the
     # masked window-start and diagonal tiles).
     unmasked_interior: bool = False
-    # Programs walk query blocks from the last (the longest under a causal mask) to the first.
-    heavy_first: bool = False
 
     def smem_estimate(self, head_k_pad: int, head_v_pad: int, kv_elem: int, q_elem: int) -> int:
         """Bytes of shared memory the pipelined loop needs (what Triton allocates, roughly).
@@ -119,20 +124,27 @@ def select_config(
     if kv_elem == 1:
         tile_n *= 2
     num_warps = 8 if block_m * head_max >= 128 * 128 or block_m >= 128 else 4
-    if (
-        max_seqlen_q <= SPLIT_KV_MAX_QUERY_LEN
-        and head_max <= 128
-        and info.smem_per_block >= DOUBLE_BUFFER_MIN_SMEM
-        and ((kv_elem == 1 and block_m == 16) or (kv_elem == 2 and split_kv))
-    ):
-        return AttnConfig(block_m, block_q, tile_n, num_warps, DOUBLE_BUFFER_STAGES)
+    prefill = max_seqlen_q > SPLIT_KV_MAX_QUERY_LEN
+    fp8_single_token = kv_elem == 1 and block_m == 16 and not prefill
+    # Interior tiles without masks: measured faster for prefill and fp8 single-token decode
+    # (H200: fp8 B=8 32k 206.2 -> 191.2 us, B=64 32k 1519 -> 1471 us); slower for bf16
+    # decode (B=64 32k 1899 -> 2447 us, the unsplit kernel went from 122 to 160 registers)
+    # and short verify splits (q=16 B=1 8k 28.4 -> 31.0 us), which keep one masked loop.
+    unmasked = prefill or fp8_single_token
+    big_smem = head_max <= 128 and info.smem_per_block >= DOUBLE_BUFFER_MIN_SMEM
+    if big_smem and prefill and kv_elem == 2:
+        return AttnConfig(
+            block_m, block_q, PREFILL_WIDE_TILE_N, num_warps, PREFILL_WIDE_STAGES, True, unmasked
+        )
+    if big_smem and not prefill and (fp8_single_token or (kv_elem == 2 and split_kv)):
+        return AttnConfig(block_m, block_q, tile_n, num_warps, DOUBLE_BUFFER_STAGES, True, unmasked)
     limit = int(info.smem_per_block * 0.9)  # margin for Triton's own layout scratch
     # Bytes in flight per program are stages x tile: keep 2-3 stages and shrink the tile
     # before falling back to a single (unpipelined) stage.
     candidates = [(st, tile_n >> k) for k in range(4) for st in (3, 2) if tile_n >> k >= 16]
     candidates.append((1, 16))
     for stages, tile in candidates:
-        cfg = AttnConfig(block_m, block_q, tile, num_warps, stages)
+        cfg = AttnConfig(block_m, block_q, tile, num_warps, stages, True, unmasked)
         if cfg.smem_estimate(head_k_pad, head_v_pad, kv_elem, q_elem) <= limit:
             return cfg
     return cfg
