@@ -303,6 +303,14 @@ def test_unmasked_interior_tiles_match_reference(causal, window):
     )  # fmt: skip
     for splits in (1, 3):
         assert_close(short, torch.float16, config=cfg, num_splits=splits, **kw)
+    # a 16-token verify block in two query blocks of 8, split: each block's own key ranges
+    verify = make_case(
+        [16, 5], [110, 40], num_q_heads=4, num_kv_heads=2, head_size=64, block_size=16,
+        dtype=torch.float16, seed=2,
+    )  # fmt: skip
+    for unmasked in (False, True):
+        cfg_v = replace(cfg, unmasked_interior=unmasked)
+        assert_close(verify, torch.float16, config=cfg_v, num_splits=3, **kw)
     long = make_case(
         [40, 3], [120, 50], num_q_heads=4, num_kv_heads=2, head_size=64, block_size=16,
         dtype=torch.bfloat16, seed=1,

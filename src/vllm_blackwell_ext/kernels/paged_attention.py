@@ -38,6 +38,7 @@ from .host_ints import next_power_of_2
 from .launch_cache import DEFAULT_NUM_STAGES, CachedLauncher
 from .paged_attention_configs import (
     MAX_SPLITS,
+    SPLIT_KV_MAX_QUERY_LEN,
     AttnConfig,
     plan_split_kv,
     select_config,
@@ -821,8 +822,8 @@ def paged_attention(
         if config is not None
         else launch_config(q, key_cache, value_cache, max_seqlen_q, info, split_kv=splits > 1)
     )
-    if max_seqlen_q > cfg.block_q:
-        splits = 1  # several query blocks per request: the grid is already wide (prefill)
+    if max_seqlen_q > SPLIT_KV_MAX_QUERY_LEN:
+        splits = 1  # prefill: its query blocks already fill the grid
     if splits > 1:
         # Partials as contiguous [tokens, heads, splits, Dv] and [tokens, heads, splits]: the
         # first rows of the caller's scratch (no allocation, no host sync, not even a view).
