@@ -7,6 +7,10 @@ fp32 partial rows the merge then reads back. This times smaller query blocks per
 (fewer partials to write and merge), over tile shapes, on CUDA-graph replays with the
 benchmark's own inputs. The shipped config and split plan are timed first in every case.
 
+Result (`benchmarks/results/h200-attn-verify-blocks.txt`): the shipped 16-token block with 32
+splits stayed the fastest at 8k (27.7 us; 4- and 8-token blocks and fewer splits were slower),
+so the plan is unchanged; what remains at 8k is the fixed cost of two launches and the partials.
+
     python benchmarks/experiments/attn_verify_blocks.py
 """
 
