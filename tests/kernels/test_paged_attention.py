@@ -318,6 +318,42 @@ def test_unmasked_interior_tiles_match_reference(causal, window):
     assert_close(long, torch.bfloat16, config=cfg, **kw)
 
 
+# On the GPU the unmasked loop contracts `scores * scale - max` into one FMA where the masked
+# loop rounds the scaled scores first (the mask sits between), so a causal row's last bits
+# depend on where its query block starts. H200: masking the probabilities instead of the scores
+# made the two bit-identical and passed this test, but cost 6% of prefill and 8.6% of the q=16
+# B=8 32k verify (309.9 vs 332.0 TFLOP/s; 3320 vs 3632 GB/s), so it was not kept.
+CHUNKING_CHANGES_LAST_BITS_ON_GPU = pytest.mark.xfail(
+    ON_GPU, strict=True, reason="the unmasked loop's FMA rounds differently from the masked one"
+)
+
+
+@pytest.mark.parametrize(
+    "causal", [pytest.param(True, marks=CHUNKING_CHANGES_LAST_BITS_ON_GPU), False]
+)
+def test_prefill_rows_do_not_depend_on_how_the_request_was_chunked(causal):
+    """The same query rows prefilled whole and as a chunk after cached context give the same
+    bits: their query blocks start elsewhere, so tiles one launch runs unmasked the other runs
+    masked, and both must weigh each key identically (vLLM chunks prompts by its token budget,
+    which differs between engines, e.g. with speculative decoding on)."""
+    total, first = (1000, 500) if ON_GPU else (80, 37)
+    head = 128 if ON_GPU else 64
+    case = make_case(
+        [total], [total], num_q_heads=4, num_kv_heads=2, head_size=head, block_size=16,
+        dtype=torch.bfloat16,
+    )  # fmt: skip
+    kw = dict(softmax_scale=head**-0.5, causal=causal, max_seqlen_k=total)
+    cache = (case["key_cache"], case["value_cache"])
+    q, bt, seq = case["q"][:total], case["block_table"], case["seq_lens"]
+    whole = torch.empty_like(q)
+    cu_whole = torch.tensor([0, total], dtype=torch.int32, device=DEVICE)
+    paged_attention(q, *cache, whole, cu_whole, seq, bt, max_seqlen_q=total, **kw)
+    chunk = torch.empty_like(q[first:])
+    cu_chunk = torch.tensor([0, total - first], dtype=torch.int32, device=DEVICE)
+    paged_attention(q[first:], *cache, chunk, cu_chunk, seq, bt, max_seqlen_q=total - first, **kw)
+    assert torch.equal(whole[first:], chunk)
+
+
 def test_strided_vllm_view_equals_contiguous_cache():
     case = make_case(
         [3, 1],
