@@ -318,14 +318,14 @@ def test_unmasked_interior_tiles_match_reference(causal, window):
     assert_close(long, torch.bfloat16, config=cfg, **kw)
 
 
-# On the GPU the unmasked loop contracts `scores * scale - max` into one FMA where the masked
+# On the GPU the unmasked loop may fuse `scores * scale - max` into one FMA where the masked
 # loop rounds the scaled scores first (the mask sits between), so a causal row's last bits
 # depend on where its query block starts. H200: masking the probabilities instead of the scores
-# made the two bit-identical and passed this test, but cost 6-7% of prefill and 8.6% of the
+# (one expression for p in both loops) passed this test, but cost 6-7% of prefill and 8.6% of the
 # q=16 B=8 32k verify (309.9 vs 332.0 TFLOP/s, 3320 vs 3632 GB/s; two device runs, whose bf16
 # decode differed by 2%), so it was not kept.
 CHUNKING_CHANGES_LAST_BITS_ON_GPU = pytest.mark.xfail(
-    ON_GPU, strict=True, reason="the unmasked loop's FMA rounds differently from the masked one"
+    ON_GPU, strict=True, reason="unmasked and masked loops round scores differently"
 )
 
 
