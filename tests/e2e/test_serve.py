@@ -21,6 +21,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +29,7 @@ from tests.e2e.conftest import engine_env
 from tests.e2e.vllm_cpu_attention_probe import ProbeResult, probe
 
 STARTUP_TIMEOUT_S = 420
+LOG_TAIL_CHARS = 6000
 
 
 def _free_port() -> int:
@@ -47,6 +49,17 @@ def _post(url: str, body: dict) -> dict:
     )
     with urllib.request.urlopen(req, timeout=300) as r:
         return json.load(r)
+
+
+def _log_for_failure(log_path: Path) -> str:
+    """The server log's end, and before it any faulthandler dump (a worker killed by a signal
+    writes one; the engine's own error reports that follow can push it out of the tail)."""
+    text = log_path.read_text()
+    start = text.find("Fatal Python error")
+    dump = ""
+    if 0 <= start < len(text) - LOG_TAIL_CHARS:
+        dump = text[start : start + LOG_TAIL_CHARS // 2] + "\n[...]\n"
+    return dump + text[-LOG_TAIL_CHARS:]
 
 
 def _stop(server: subprocess.Popen) -> None:
@@ -108,7 +121,9 @@ def test_vllm_serve_answers_a_completion(attention, tiny_models, tmp_path, reque
     with open(log_path, "w") as log:
         server = subprocess.Popen(
             cmd,
-            env=engine_env(trace, extra_env),
+            # faulthandler in every server process: a worker killed by a signal (a kernel
+            # this CPU cannot run) prints the Python call it died in to the log.
+            env=engine_env(trace, {**extra_env, "PYTHONFAULTHANDLER": "1"}),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -116,7 +131,7 @@ def test_vllm_serve_answers_a_completion(attention, tiny_models, tmp_path, reque
         try:
             deadline = time.monotonic() + STARTUP_TIMEOUT_S
             while True:
-                assert server.poll() is None, "server exited:\n" + log_path.read_text()[-4000:]
+                assert server.poll() is None, "server exited:\n" + _log_for_failure(log_path)
                 assert time.monotonic() < deadline, "server not ready in time"
                 try:
                     models = _get(f"http://127.0.0.1:{port}/v1/models")
@@ -124,10 +139,17 @@ def test_vllm_serve_answers_a_completion(attention, tiny_models, tmp_path, reque
                 except (urllib.error.URLError, ConnectionError, OSError):
                     time.sleep(2)
             assert [m["id"] for m in models["data"]] == ["tiny"]
-            answer = _post(
-                f"http://127.0.0.1:{port}/v1/completions",
-                {"model": "tiny", "prompt": "w5 w6 w7 w8", "max_tokens": 5, "temperature": 0},
-            )
+            try:
+                answer = _post(
+                    f"http://127.0.0.1:{port}/v1/completions",
+                    {"model": "tiny", "prompt": "w5 w6 w7 w8", "max_tokens": 5, "temperature": 0},
+                )
+            except (urllib.error.URLError, ConnectionError, OSError) as exc:
+                # A worker killed by a signal leaves its faulthandler dump in the log.
+                pytest.fail(
+                    f"the completion request failed ({exc}); server log:\n"
+                    + _log_for_failure(log_path)
+                )
         finally:
             _stop(server)
     choice = answer["choices"][0]

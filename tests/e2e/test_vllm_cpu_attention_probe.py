@@ -3,10 +3,12 @@ vLLM's kernel, check its output, and turn a crash or an error into one line nami
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
-from tests.e2e.vllm_cpu_attention_probe import host_isa, probe
+from tests.e2e.vllm_cpu_attention_probe import crash_site, host_isa, probe
 
 HAS_AMX_TILES = torch.cpu._is_amx_tile_supported()
 
@@ -30,9 +32,41 @@ def test_probe_reports_a_kernel_that_kills_its_process():
         pytest.skip("this host runs AMX instructions: the forced crash needs a CPU without them")
     result = probe("amx")
     assert not result.ok
-    assert result.line == (
-        "vLLM's own CPU attention (ISA amx, bf16, block 128): the process was killed by SIGILL"
+    killed = "vLLM's own CPU attention (ISA amx, bf16, block 128): the process was killed by SIGILL"
+    # ... and where: the vLLM call that entered the kernel, from the child's faulthandler dump
+    assert re.fullmatch(
+        re.escape(killed) + r" in vllm/_custom_ops\.py:\d+ in cpu_attention_with_kv_cache",
+        result.line,
+    ), result.line
+
+
+@pytest.mark.e2e
+def test_probe_runs_a_killed_kernel_again_after_asking_for_amx_tile_data():
+    # Where AMX tiles exist the retry is the default; a CPU without them refuses the request,
+    # so vLLM's AMX kernel dies again, and the line says both.
+    if HAS_AMX_TILES:
+        pytest.skip("this host runs AMX instructions: the forced crash needs a CPU without them")
+    result = probe("amx", retry_with_amx_permission=True)
+    assert not result.ok and result.killed
+    assert result.line.endswith(
+        "in cpu_attention_with_kv_cache; it was killed again after asking Linux for AMX tile "
+        "data first (AMX tile data permission: not granted)"
+    ), result.line
+
+
+def test_crash_site_names_the_innermost_vllm_frame_else_the_innermost_frame():
+    dump = (
+        "Fatal Python error: Illegal instruction\n\n"
+        "Thread 0x00007f52df02fb80 (most recent call first):\n"
+        '  File "/venv/site-packages/torch/_ops.py", line 1279 in __call__\n'
+        '  File "/venv/site-packages/vllm/_custom_ops.py", line 3927 in cpu_attention\n'
+        '  File "/venv/site-packages/vllm/v1/worker/cpu_worker.py", line 50 in execute\n'
+        '  File "/repo/tests/e2e/vllm_cpu_attention_probe.py", line 104 in run_kernel\n'
     )
+    assert crash_site(dump) == "vllm/_custom_ops.py:3927 in cpu_attention"
+    torch_only = dump.replace("/vllm/", "/elsewhere/")
+    assert crash_site(torch_only) == "_ops.py:1279 in __call__"
+    assert crash_site("Segmentation fault") is None
 
 
 @pytest.mark.e2e

