@@ -147,6 +147,23 @@ def test_selection_refuses_unsupported_configuration_with_vllms_reason(
     assert reason in message
 
 
+def test_selection_refuses_adaptive_verification_with_vllms_reason(
+    cuda_platform, bwx_member, monkeypatch
+):
+    # Adaptive verification trims drafts on the device; the decode kernel reads the host's
+    # one query length, so the backend opts out and vLLM names why.
+    if "use_adaptive_verification" not in AttentionSelectorConfig._fields:
+        pytest.skip("this vLLM has no adaptive verification (no use_adaptive_verification)")
+    stub_capability(monkeypatch, cuda_platform, DeviceCapability(9, 0))
+    with pytest.raises(ValueError) as excinfo:
+        cuda_platform.get_attn_backend_cls(
+            bwx_member, _config(use_adaptive_verification=True), num_heads=16
+        )
+    message = str(excinfo.value)
+    assert "Selected backend AttentionBackendEnum.BWX_MLA is not valid" in message
+    assert "device-cpu query lens mismatch not supported" in message
+
+
 def test_sm75_refusal_lists_every_reason_at_once(cuda_platform, bwx_member, monkeypatch):
     stub_capability(monkeypatch, cuda_platform, DeviceCapability(7, 5))
     config = _config(head_size=320, kv_cache_dtype="fp8_ds_mla", block_size=40)

@@ -330,6 +330,12 @@ class BwxMLABackend(MLACommonBackend):
             )
         return None
 
+    @classmethod
+    def supports_device_cpu_query_lens_mismatch(cls) -> bool:
+        # The decode kernel takes the host's one query length for the whole batch (rows =
+        # tokens // query_len); adaptive verification trims drafts on the device only.
+        return False
+
 
 class BwxMLAImpl(MLACommonImpl[BwxMLAMetadata]):
     can_return_lse_for_decode: bool = True
