@@ -107,10 +107,11 @@ def vllm_configs(model_dir):
     return get
 
 
-def _kv_cache(kv_cache_dtype: str, dtype: torch.dtype) -> torch.Tensor:
-    """vLLM's cache tensor for this backend: logical [B, H, N, 2D], physical [B, N, H, 2D]."""
+def _kv_cache(kv_cache_dtype: str, dtype: torch.dtype, head_size_v: int) -> torch.Tensor:
+    """vLLM's cache tensor for this backend: logical [B, H, N, D + Dv], physical [B, N, H, ...]."""
     storage = torch.uint8 if kv_cache_dtype in FP8 else dtype
-    physical = torch.zeros(NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, 2 * HEAD_SIZE, dtype=storage)
+    width = HEAD_SIZE + head_size_v
+    physical = torch.zeros(NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, width, dtype=storage)
     return physical.permute(0, 2, 1, 3)
 
 
@@ -178,6 +179,7 @@ def _run_step(
     num_padding_tokens: int = 2,
     seed: int = 0,
     layer_mode: tuple[bool, int | None] | None = None,
+    head_size_v: int = HEAD_SIZE,
 ):
     """Write context and step K/V through the Impl, run forward; return (ours, reference, md).
 
@@ -208,12 +210,16 @@ def _run_step(
     impl.process_weights_after_loading(dtype)
     storage = torch.uint8 if kv_cache_dtype in FP8 else dtype
     spec = FullAttentionSpec(
-        block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE, dtype=storage
+        block_size=BLOCK_SIZE,
+        num_kv_heads=NUM_KV_HEADS,
+        head_size=HEAD_SIZE,
+        head_size_v=head_size_v,
+        dtype=storage,
     )
     builder = BwxAttentionMetadataBuilder(
         spec, ["model.layers.0.self_attn.attn"], vllm_config, "cpu"
     )
-    kv_cache = _kv_cache(kv_cache_dtype, dtype)
+    kv_cache = _kv_cache(kv_cache_dtype, dtype, head_size_v)
     # Distinct random pages per request, never the null block 0.
     max_blocks = max(-(-(r.context_len + r.query_len) // BLOCK_SIZE) for r in requests)
     pages = (torch.randperm(NUM_BLOCKS - 1, generator=gen) + 1).tolist()
@@ -232,7 +238,7 @@ def _run_step(
         for r in requests
     ]
     values = [
-        torch.randn(r.context_len + r.query_len, NUM_KV_HEADS, HEAD_SIZE, generator=gen).to(dtype)
+        torch.randn(r.context_len + r.query_len, NUM_KV_HEADS, head_size_v, generator=gen).to(dtype)
         for r in requests
     ]
 
@@ -261,9 +267,12 @@ def _run_step(
         )
         + [-1] * num_padding_tokens
     )
-    junk = torch.full((num_padding_tokens, NUM_KV_HEADS, HEAD_SIZE), 7.0, dtype=dtype)
-    step_k = torch.cat([k[r.context_len :] for k, r in zip(keys, requests, strict=True)] + [junk])
-    step_v = torch.cat([v[r.context_len :] for v, r in zip(values, requests, strict=True)] + [junk])
+    junk_k = torch.full((num_padding_tokens, NUM_KV_HEADS, HEAD_SIZE), 7.0, dtype=dtype)
+    junk_v = torch.full((num_padding_tokens, NUM_KV_HEADS, head_size_v), 7.0, dtype=dtype)
+    step_k = torch.cat([k[r.context_len :] for k, r in zip(keys, requests, strict=True)] + [junk_k])
+    step_v = torch.cat(
+        [v[r.context_len :] for v, r in zip(values, requests, strict=True)] + [junk_v]
+    )
     slot_mapping = torch.tensor(step_slots, dtype=torch.int64)
     impl.do_kv_cache_update(layer, step_k, step_v, kv_cache, slot_mapping)
     assert torch.equal(kv_cache[0], null_block_before), "padding rows (slot -1) wrote a page"
@@ -286,13 +295,13 @@ def _run_step(
     )
     metadata = builder.build(0, common)
     query = torch.randn(padded, NUM_HEADS, HEAD_SIZE, generator=gen).to(dtype)
-    output = torch.full((padded, NUM_HEADS, HEAD_SIZE), float("nan"), dtype=dtype)
+    output = torch.full((padded, NUM_HEADS, head_size_v), float("nan"), dtype=dtype)
     impl.forward(layer, query, step_k, step_v, kv_cache, metadata, output)
     # forward hands the kernel the whole (padded) query and output: padding rows stay unwritten.
     assert torch.isnan(output[num_tokens:]).all(), "forward wrote a padding row of the output"
 
     # The cache holds exactly the quantised K/V at every slot of every request.
-    key_cache, value_cache = kv_cache.transpose(1, 2).split(HEAD_SIZE, dim=-1)
+    key_cache, value_cache = kv_cache.transpose(1, 2).split([HEAD_SIZE, head_size_v], dim=-1)
     if kv_cache_dtype in FP8:
         key_cache, value_cache = (
             key_cache.view(FP8[kv_cache_dtype]),
@@ -384,6 +393,30 @@ def test_long_context_decode_takes_the_split_kv_path_and_matches_torch(vllm_conf
     assert md.num_splits > 1
     assert md.workspace is not None
     _assert_close(got, expected, torch.bfloat16)
+
+
+def test_value_heads_wider_than_key_heads_split_through_the_builders_workspace(vllm_configs):
+    # Layers whose values are wider than their keys (vLLM's spec carries head_size_v): the
+    # split partials are as wide as the values, and the builder's scratch must be too.
+    requests = [Request(1100, 1), Request(530, 3), Request(40, 9)]
+    got, expected, md = _run_step(vllm_configs, requests, head_size_v=96, seed=6)
+    assert md.num_splits > 1
+    assert md.workspace.head_size_v == 96
+    _assert_close(got, expected, torch.bfloat16)
+
+
+def test_builder_refuses_a_value_head_size_the_kernel_lacks(vllm_configs):
+    spec = FullAttentionSpec(
+        block_size=BLOCK_SIZE,
+        num_kv_heads=NUM_KV_HEADS,
+        head_size=HEAD_SIZE,
+        head_size_v=48,
+        dtype=torch.bfloat16,
+    )
+    with pytest.raises(ValueError, match="value head size 48 \\(key head size 64\\)"):
+        BwxAttentionMetadataBuilder(
+            spec, ["model.layers.0.self_attn.attn"], vllm_configs(torch.bfloat16, "auto"), "cpu"
+        )
 
 
 def test_spec_verify_rows_split_too(vllm_configs):

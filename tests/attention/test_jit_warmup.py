@@ -28,6 +28,7 @@ from vllm_blackwell_ext.kernels.device import DeviceInfo  # noqa: E402
 from vllm_blackwell_ext.kernels.mla_decode import MAX_SPLITS, merge_config  # noqa: E402
 from vllm_blackwell_ext.kernels.mla_decode_configs import get_mla_decode_config  # noqa: E402
 from vllm_blackwell_ext.kernels.paged_attention_configs import (  # noqa: E402
+    SPLIT_KV_MAX_QUERY_LEN,
     plan_split_kv,
     select_config,
 )
@@ -70,11 +71,29 @@ def test_warmup_keys_cover_every_tile_config_a_launch_can_pick(kv_dtype, gqa):
     assert len({(k.max_seqlen_q, k.split_kv) for k in keys}) == len(keys)
     for key in keys:
         splits = plan_split_kv(key.max_seqlen_q, key.max_seqlen_q, 32768, 8, H200)
-        fits_one_block = key.max_seqlen_q <= config(key.max_seqlen_q).block_q
+        decode_shaped = key.max_seqlen_q <= SPLIT_KV_MAX_QUERY_LEN  # prefill never splits
         has_split_twin = any(k.split_kv and k.max_seqlen_q == key.max_seqlen_q for k in keys)
-        assert has_split_twin == (splits > 1 and fits_one_block), key
+        assert has_split_twin == (splits > 1 and decode_shaped), key
     # Decode at B=1 splits on an H200 at any useful context: both variants are warmed.
     assert [k.split_kv for k in keys if k.max_seqlen_q == 1] == [False, True]
+
+
+def test_warmup_of_a_layer_with_wider_values_launches_at_its_own_widths():
+    # vLLM's spec may carry a value head size apart from the key head size: the warm-up
+    # launches (here under the interpreter) take both, as the layer's real launches do.
+    layer = jit_warmup.AttentionLayerKind(
+        **{
+            **QWEN3_8B.__dict__,
+            "num_q_heads": 4,
+            "num_kv_heads": 2,
+            "head_size": 64,
+            "head_size_v": 96,
+        }
+    )
+    keys = jit_warmup.paged_attention_warmup_keys(layer, 4096, H200)
+    assert any(k.split_kv for k in keys) and any(not k.split_kv for k in keys)
+    for key in keys:
+        jit_warmup.launch_paged_attention_warmup(key, torch.device("cpu"))
 
 
 class _Layer(AttentionLayerBase):

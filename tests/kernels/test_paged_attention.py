@@ -66,11 +66,13 @@ def make_case(
     block_size: int,
     dtype: torch.dtype,
     kv_dtype: torch.dtype | None = None,
+    head_size_v: int | None = None,
     pad_tokens: int = 2,
     seed: int = 0,
     device: str = DEVICE,
 ) -> dict:
-    """Inputs in vLLM 0.32's layout: one [blocks, kv_heads, block_size, 2 * D] tensor, viewed.
+    """Inputs in vLLM 0.32's layout: one [blocks, kv_heads, block_size, D + Dv] tensor, viewed
+    (Dv = `head_size_v`, default D).
 
     Pages are shuffled, block-table rows carry junk past each request's pages, and q/out carry
     `pad_tokens` rows past cu_seqlens_q[-1] (vLLM pads to CUDA-graph sizes).
@@ -79,13 +81,14 @@ def make_case(
     pages = [-(-s // block_size) for s in seq_lens]
     num_blocks = sum(pages) + 3
     max_pages = max(pages) + 2
-    kv = torch.randn(num_blocks, num_kv_heads, block_size, 2 * head_size, generator=g)
+    head_size_v = head_size if head_size_v is None else head_size_v
+    kv = torch.randn(num_blocks, num_kv_heads, block_size, head_size + head_size_v, generator=g)
     if kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         kv = (kv * 2.0).to(kv_dtype)  # stored values; the scales below bring them back
     else:
         kv = kv.to(dtype)
     kv = kv.to(device)
-    key_cache, value_cache = kv.transpose(1, 2).split(head_size, dim=-1)
+    key_cache, value_cache = kv.transpose(1, 2).split([head_size, head_size_v], dim=-1)
     perm = torch.randperm(num_blocks, generator=g).to(torch.int32)
     block_table = torch.randint(0, num_blocks, (len(seq_lens), max_pages), generator=g).int()
     used = 0
@@ -167,7 +170,8 @@ requests_st = st.lists(
     reqs=requests_st,
     dtype=st.sampled_from([torch.bfloat16, torch.float16]),
     kv_kind=st.sampled_from(["same", "same", torch.float8_e4m3fn, torch.float8_e5m2]),
-    head_size=st.sampled_from([64, 80]),
+    # (key, value) head sizes: values may be narrower or wider (MiMo-V2: 192 / 128)
+    head_sizes=st.sampled_from([(64, 64), (80, 80), (64, 80), (80, 64)]),
     heads=st.sampled_from([(2, 2), (4, 2), (3, 1), (8, 1)]),
     block_size=st.sampled_from([16, 32]),
     causal=st.booleans(),
@@ -181,7 +185,7 @@ def test_matches_reference_over_random_batches(
     reqs,
     dtype,
     kv_kind,
-    head_size,
+    head_sizes,
     heads,
     block_size,
     causal,
@@ -195,6 +199,7 @@ def test_matches_reference_over_random_batches(
     q_lens = [ql for ql, _ in reqs]
     seq_lens = [ql + ctx for ql, ctx in reqs]
     num_q_heads, num_kv_heads = heads
+    head_size, head_size_v = head_sizes
     case = make_case(
         q_lens,
         seq_lens,
@@ -204,6 +209,7 @@ def test_matches_reference_over_random_batches(
         block_size=block_size,
         dtype=dtype,
         kv_dtype=kv_dtype,
+        head_size_v=head_size_v,
         seed=seed,
     )
     g = torch.Generator().manual_seed(seed)
@@ -237,6 +243,21 @@ def test_split_kv_with_workspace_matches_unsplit(causal):
     torch.testing.assert_close(split[0], whole[0], atol=2e-3, rtol=2e-3)
     torch.testing.assert_close(split[1], whole[1], atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(split[0], split[2], atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize(("head_size", "head_size_v"), [(96, 64), (64, 96)])
+def test_split_kv_with_value_heads_narrower_or_wider_than_key_heads(head_size, head_size_v):
+    # The partials are as wide as the values: the workspace is sized by head_size_v, and one
+    # sized by the key width is refused rather than overrun.
+    case = make_case(
+        [1, 5], [200, 90], num_q_heads=4, num_kv_heads=2, head_size=head_size,
+        head_size_v=head_size_v, block_size=16, dtype=torch.bfloat16,
+    )  # fmt: skip
+    ws = SplitKVWorkspace.allocate(8, 4, head_size_v, max_splits=4, device=DEVICE)
+    assert_close(case, torch.bfloat16, softmax_scale=0.125, workspace=ws, num_splits=4)
+    keys_wide = SplitKVWorkspace.allocate(8, 4, head_size, max_splits=4, device=DEVICE)
+    with pytest.raises(ValueError, match=rf"workspace: expected \[\*, 4, {head_size_v}\]"):
+        run_both(case, softmax_scale=0.125, workspace=keys_wide, num_splits=4)
 
 
 def test_split_kv_lowers_splits_to_what_the_workspace_holds():
@@ -590,6 +611,20 @@ def test_gpu_mixed_batch_every_head_and_block_size(head_size, block_size):
         head_size=head_size, block_size=block_size, dtype=dtype, seed=head_size + block_size,
     )  # fmt: skip
     assert_close(case, dtype, softmax_scale=head_size**-0.5)
+
+
+@gpu_only
+@pytest.mark.parametrize("kv_dtype", [None, torch.float8_e4m3fn])
+def test_gpu_value_heads_narrower_than_key_heads(kv_dtype):
+    # MiMo-V2-like layers: 192-wide keys, 128-wide values; a prefill chunk, a verify block and
+    # long decodes, split through a workspace sized for the value width.
+    dtype = torch.bfloat16
+    case = make_case(
+        [1, 300, 16, 1], [20000, 1500, 9000, 77], num_q_heads=32, num_kv_heads=4,
+        head_size=192, head_size_v=128, block_size=16, dtype=dtype, kv_dtype=kv_dtype,
+    )  # fmt: skip
+    ws = SplitKVWorkspace.for_device(32, 4, 128, device=DEVICE)
+    assert_close(case, dtype, softmax_scale=192**-0.5, workspace=ws, **scales(kv_dtype))
 
 
 @gpu_only

@@ -212,6 +212,14 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
         self.num_kv_heads = kv_cache_spec.num_kv_heads
         self.kv_elem = kv_cache_spec.dtype.itemsize
         self.head_size = kv_cache_spec.head_size
+        # Values may be narrower or wider than keys (MiMo-V2, openPangu: 192 / 128); the
+        # kernel and the split-KV scratch take the value width from here.
+        self.head_size_v = getattr(kv_cache_spec, "head_size_v", None) or self.head_size
+        if self.head_size_v not in SUPPORTED_HEAD_SIZES:
+            raise ValueError(
+                f"BWX_ATTN cannot serve these layers: value head size {self.head_size_v} "
+                f"(key head size {self.head_size}) is not one of {SUPPORTED_HEAD_SIZES}"
+            )
         self.num_heads_q = get_num_attention_heads_from_layers(
             vllm_config, layer_names
         ) or model_config.get_num_attention_heads(vllm_config.parallel_config)
@@ -225,7 +233,7 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
         self.plan_for_max_len = cudagraph_mode is not None and cudagraph_mode.has_full_cudagraphs()
         # Sized for every launch the plan may split on this device (a few MiB), once.
         self.workspace = SplitKVWorkspace.for_device(
-            self.num_heads_q, self.num_kv_heads, self.head_size, device, self.device_info
+            self.num_heads_q, self.num_kv_heads, self.head_size_v, device, self.device_info
         )
         if current_platform.is_cuda():
             for kind in self._layer_kinds(vllm_config, layer_names):
@@ -250,6 +258,7 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
                     num_q_heads=impl.num_heads,
                     num_kv_heads=impl.num_kv_heads,
                     head_size=impl.head_size,
+                    head_size_v=self.head_size_v,
                     block_size=self.block_size,
                     causal=getattr(layer, LAYER_CAUSAL_ATTR, None) is not False,
                     sliding_window=getattr(layer, LAYER_WINDOW_ATTR, impl.sliding_window),

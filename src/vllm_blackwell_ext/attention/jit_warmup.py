@@ -49,6 +49,11 @@ class AttentionLayerKind:
     sliding_window: int | None
     has_sinks: bool
     softcap: float
+    head_size_v: int | None = None  # None: the key head size
+
+    @property
+    def value_head_size(self) -> int:
+        return self.head_size if self.head_size_v is None else self.head_size_v
 
 
 @dataclass(frozen=True)
@@ -65,14 +70,15 @@ def paged_attention_warmup_keys(
     lengths 1..16, prefill beyond), with and without split-KV where the plan can split it."""
     keys, configs = [], set()
     gqa = layer.num_q_heads // layer.num_kv_heads
-    head_pad = 1 << (layer.head_size - 1).bit_length()
+    head_k_pad = 1 << (layer.head_size - 1).bit_length()
+    head_v_pad = 1 << (layer.value_head_size - 1).bit_length()
     kv_elem = layer.kv_dtype.itemsize
     q_elem = layer.q_dtype.itemsize
     for q_len in range(1, SPLIT_KV_MAX_QUERY_LEN + 2):
         cfg = select_config(
             info,
-            head_k_pad=head_pad,
-            head_v_pad=head_pad,
+            head_k_pad=head_k_pad,
+            head_v_pad=head_v_pad,
             gqa=gqa,
             max_seqlen_q=q_len,
             kv_elem=kv_elem,
@@ -82,9 +88,8 @@ def paged_attention_warmup_keys(
             continue
         configs.add(cfg)
         keys.append(PagedAttentionKey(layer, q_len, split_kv=False))
-        # A one-request launch asks for the most splits; a query longer than the tile's
-        # query block never splits.
-        can_split = q_len <= cfg.block_q and (
+        # A one-request launch asks for the most splits; prefill never splits.
+        can_split = q_len <= SPLIT_KV_MAX_QUERY_LEN and (
             plan_split_kv(q_len, q_len, max_model_len, layer.num_kv_heads, info, kv_elem=kv_elem)
             > 1
         )
@@ -99,13 +104,16 @@ def launch_paged_attention_warmup(key: PagedAttentionKey, device: torch.device) 
     q_len, bs = key.max_seqlen_q, layer.block_size
     seq_len = q_len + bs  # some cached context before the queries
     pages = -(-seq_len // bs)
-    # vLLM's layout: [num_blocks, num_kv_heads, block_size, 2 * head_size], K and V views.
+    # vLLM's layout: [num_blocks, num_kv_heads, block_size, head_size + head_size_v], K and V
+    # views.
+    hs_k, hs_v = layer.head_size, layer.value_head_size
     storage = torch.uint8 if layer.kv_dtype.itemsize == 1 else layer.kv_dtype
     kv = torch.zeros(
-        (pages + 1, layer.num_kv_heads, bs, 2 * layer.head_size), dtype=storage, device=device
+        (pages + 1, layer.num_kv_heads, bs, hs_k + hs_v), dtype=storage, device=device
     ).view(layer.kv_dtype)
-    key_cache, value_cache = kv.transpose(1, 2).split(layer.head_size, dim=-1)
-    q = torch.zeros((q_len, layer.num_q_heads, layer.head_size), dtype=layer.q_dtype, device=device)
+    key_cache, value_cache = kv.transpose(1, 2).split([hs_k, hs_v], dim=-1)
+    q = torch.zeros((q_len, layer.num_q_heads, hs_k), dtype=layer.q_dtype, device=device)
+    out = torch.empty((q_len, layer.num_q_heads, hs_v), dtype=layer.q_dtype, device=device)
     fp8 = layer.kv_dtype.itemsize == 1
     scale = torch.ones(1, dtype=torch.float32, device=device) if fp8 else None
     int32 = {"dtype": torch.int32, "device": device}
@@ -113,7 +121,7 @@ def launch_paged_attention_warmup(key: PagedAttentionKey, device: torch.device) 
         q,
         key_cache,
         value_cache,
-        torch.empty_like(q),
+        out,
         torch.tensor([0, q_len], **int32),
         torch.tensor([seq_len], **int32),
         torch.arange(1, pages + 1, **int32).view(1, pages),
