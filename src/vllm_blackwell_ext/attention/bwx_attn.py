@@ -490,7 +490,8 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
         key_cache, value_cache = self._kv_views(kv_cache)
         quantized = self.fp8_dtype is not None
         # A DFlash draft mixing sliding (causal) and full (non-causal) layers runs under one
-        # batch-wide causal flag in vLLM 0.32; such layers carry their own mode (dflash/model.py).
+        # batch-wide causal flag in vLLM 0.32's default runner; such layers carry their own
+        # mode (dflash/model.py), which wins over the batch's.
         layer_causal = getattr(layer, LAYER_CAUSAL_ATTR, None)
         # query/output are passed whole: the kernel writes only the rows of cu_seqlens_q and
         # leaves padding rows alone, so no per-call slicing (host time) is needed.
