@@ -112,7 +112,8 @@ def gather_cases(draw, gpu: bool):
     )
 
 
-def check_gather_case(case, device):
+def gather_inputs(case, device) -> dict:
+    """The op's arguments for one drawn case (dst aside)."""
     gen = torch.Generator().manual_seed(case["seed"])
     starts = case["starts"] if case["use_starts"] else [0] * len(case["lens"])
     num_blocks = 3 + sum(
@@ -131,22 +132,47 @@ def check_gather_case(case, device):
         pad_tokens=case["pad"],
         extra_blocks=1,
     )
-    scale = torch.tensor([case["scale"]], dtype=torch.float32, device=device)
-    num_tokens = int(cu[-1]) + case["pad"]
+    return dict(
+        src=src,
+        bt=bt,
+        cu=cu,
+        t2s=t2s,
+        num_tokens=int(cu[-1]) + case["pad"],
+        kv=case["kv"],
+        scale=torch.tensor([case["scale"]], dtype=torch.float32, device=device),
+        starts=st_ if case["use_starts"] else None,
+    )
+
+
+def check_gather_case(case, device):
+    x = gather_inputs(case, device)
     dst, want = run_both(
-        src,
-        bt,
-        cu,
-        t2s,
-        num_tokens,
-        case["kv"],
-        scale,
-        st_ if case["use_starts"] else None,
+        x["src"],
+        x["bt"],
+        x["cu"],
+        x["t2s"],
+        x["num_tokens"],
+        x["kv"],
+        x["scale"],
+        x["starts"],
         case["dst_dtype"],
         case["entry"],
         device,
     )
     torch.testing.assert_close(dst, want, rtol=0, atol=0, equal_nan=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=gather_cases(gpu=False))
+def test_vectorised_oracle_matches_the_token_walk_on_live_rows(case, device):
+    # The real-size GPU tests check the op against `gather_vectorised`: pin it to the walk.
+    x = gather_inputs(case, device)
+    live = int(x["cu"][-1])
+    walk = torch.full((x["num_tokens"], *case["entry"]), FILL, dtype=torch.float32, device=device)
+    args = (x["bt"], x["cu"], x["t2s"], x["num_tokens"], x["kv"], x["scale"])
+    gather_and_maybe_dequant_cache_ref(x["src"], walk, *args, x["starts"])
+    vectorised = gather_vectorised(x["src"], *args, x["starts"], torch.float32)
+    assert torch.equal(vectorised[:live], walk[:live])
 
 
 @interpreter_only
@@ -233,23 +259,28 @@ def test_gather_of_zero_tokens_launches_nothing_and_writes_nothing(device):
     assert bool((dst == FILL).all())
 
 
-def test_fp8_scale_is_applied_before_one_rounding(device):
-    # 1.125 * 1.5 = 1.6875 needs 5 significand bits: exact in fp16/fp32, so the product is
-    # formed in fp32 and rounded once (a bf16 round of the fp8 value first would differ).
-    src = torch.full((1, 1, 16), 1.125).to(torch.float8_e4m3fn).to(device)
-    dst = torch.zeros(1, 16, dtype=torch.float16, device=device)
-    one = torch.zeros(1, dtype=torch.int32, device=device)
-    kvk.gather_and_maybe_dequant_cache(
-        src,
-        dst,
-        one.view(1, 1),
+def test_fp8_scale_is_applied_in_fp32_before_one_rounding(device):
+    # 1.875 (exact in e4m3) x 1.005859375 = 1.885986328125, rounded once to bf16: 1.8828125.
+    # A scale rounded to bf16 first (1.0078125) would give 1.890625 instead.
+    value, scale = 1.875, 1.005859375
+    once = torch.tensor(value * scale, dtype=torch.float32).to(torch.bfloat16)
+    scale_first = torch.tensor(value * float(torch.tensor(scale).to(torch.bfloat16)))
+    assert float(once) == 1.8828125 and float(scale_first.to(torch.bfloat16)) == 1.890625
+    src = torch.full((1, 1, 16), value).to(torch.float8_e4m3fn).to(device)
+    args = (
+        torch.zeros(1, dtype=torch.int32, device=device).view(1, 1),
         torch.tensor([0, 1], dtype=torch.int32, device=device),
-        one,
+        torch.zeros(1, dtype=torch.int32, device=device),
         1,
         "fp8",
-        torch.tensor([1.5], device=device),
+        torch.tensor([scale], device=device),
     )
-    assert bool((dst == 1.6875).all())
+    dst = torch.zeros(1, 16, dtype=torch.bfloat16, device=device)
+    kvk.gather_and_maybe_dequant_cache(src, dst, *args)
+    ref = torch.zeros_like(dst)
+    gather_and_maybe_dequant_cache_ref(src, ref, *args)
+    assert torch.equal(dst, ref)
+    assert bool((dst == 1.8828125).all())
 
 
 def test_debug_bounds_mode_rejects_block_table_entry_past_num_blocks(device, monkeypatch):

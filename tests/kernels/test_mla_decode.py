@@ -20,6 +20,7 @@ is only the bf16 store.
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -34,10 +35,10 @@ from vllm_blackwell_ext.kernels.mla_decode import (
     mla_decode,
     plan_mla_decode,
 )
-from vllm_blackwell_ext.kernels.mla_decode_configs import MLA_DECODE_CONFIGS
+from vllm_blackwell_ext.kernels.mla_decode_configs import MLA_DECODE_CONFIGS, ROW_TILES
 from vllm_blackwell_ext.reference.mla_decode import mla_decode_reference
 
-ON_GPU = torch.cuda.is_available()
+ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="real-size MLA decode needs a CUDA GPU")
 
 OUT_ATOL = 2e-2
@@ -263,6 +264,10 @@ def test_preallocated_workspace_and_splits_give_the_same_result(device):
     first = out.clone()
     mla_decode(*args, **kw, num_splits=3)
     assert torch.equal(first, out)
+    ref_out, _ = mla_decode_reference(
+        q.cpu(), case["kv_cache"].cpu(), case["block_table"].cpu(), case["seq_lens"].cpu(), **kw
+    )
+    torch.testing.assert_close(first.float().cpu(), ref_out, atol=OUT_ATOL, rtol=OUT_RTOL)
     with pytest.raises(ValueError, match="workspace"):
         mla_decode(*args, **kw, workspace=ws, num_splits=4)
 
@@ -287,8 +292,12 @@ def test_splits_past_a_short_request_are_neither_written_nor_read(device):
     ws.o_part.fill_(float("nan"))
     ws.l_part.fill_(float("nan"))
     result = _run(case, num_splits=splits, workspace=ws)
-    parts = ws.l_part[: q.shape[0] * q.shape[1] * splits].view(q.shape[0], q.shape[1], splits)
+    rows = q.shape[0] * q.shape[1] * splits
+    parts = ws.l_part[:rows].view(q.shape[0], q.shape[1], splits)
     assert torch.isnan(parts[0, :, 1:]).all(), "splits past request 0's 3 keys were written"
+    outs = ws.o_part[:rows].view(q.shape[0], q.shape[1], splits, -1)
+    assert torch.isnan(outs[0, :, 1:]).all(), "splits past request 0's 3 keys wrote outputs"
+    assert not torch.isnan(outs[0, :, 0]).any(), "the split holding request 0's keys is unwritten"
     _assert_close(*result)
 
 
@@ -362,6 +371,7 @@ def test_planner_fills_the_gpu_for_one_long_and_many_short_requests():
 def test_config_table_covers_every_device_class_and_row_tile():
     for cls in ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120", "default"):
         for tag in ("bf16", "fp8"):
+            assert set(MLA_DECODE_CONFIGS[cls][tag]) == set(ROW_TILES), (cls, tag)
             for rows, cfg in MLA_DECODE_CONFIGS[cls][tag].items():
                 assert cfg.block_m <= max(rows, 16) and cfg.block_n >= 16
     assert CPU_DEVICE_INFO.device_class == "cpu"
