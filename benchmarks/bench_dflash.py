@@ -58,7 +58,7 @@ def _oracle(pair: Path, block: int, prompts: list[list[int]], max_tokens: int) -
         head_dim=plan.head_dim,
         target_layer_ids=plan.target_layer_ids,
         mask_token_id=plan.mask_token_id,
-        block_size=plan.block_size,
+        block_size=block,
         layer_attention=tuple((lp.causal, lp.sliding_window) for lp in plan.layers),
         rms_norm_eps=plan.rms_norm_eps,
         rope_theta=plan.rope_theta,

@@ -279,7 +279,32 @@ BAD = [
         {"dflash_config.mask_token_id": 151936},
         "mask_token_id",
     ),
-    ("missing block_size", ZLAB_QWEN3_8B_B16, {"block_size": _DELETE}, "block_size"),
+    ("block_size of 1", ZLAB_QWEN3_8B_B16, {"block_size": 1}, "block_size"),
+    (
+        "embedding scale",
+        ZLAB_QWEN3_8B_B16,
+        {"dflash_config.input_embedding_scale": 2.0},
+        "dflash_config.input_embedding_scale = 2.0",
+    ),
+    ("output multiplier", ZLAB_QWEN3_8B_B16, {"output_multiplier": 0.5}, "output_multiplier"),
+    (
+        "logit soft-capping",
+        ZLAB_QWEN3_8B_B16,
+        {"dflash_config.final_logit_softcapping": 30.0},
+        "final_logit_softcapping",
+    ),
+    (
+        "sampling from the anchor",
+        ZLAB_QWEN3_8B_B16,
+        {"dflash_config.sample_from_anchor": True},
+        "sample_from_anchor",
+    ),
+    (
+        "no aux hidden states",
+        ZLAB_QWEN3_8B_B16,
+        {"dflash_config.use_aux_hidden_state": False},
+        "use_aux_hidden_state",
+    ),
     ("conflicting block sizes", ZLAB_QWEN3_8B_B16, {"dflash_config.block_size": 8}, "block_size"),
     (
         "sliding layer without window",
@@ -314,6 +339,29 @@ def test_bad_config_is_refused_naming_the_field(base: dict, edits: dict, fragmen
 def test_non_mapping_config_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="config must be a mapping"):
         normalize_dflash_config(42)
+
+
+def test_neutral_values_of_the_refused_fields_are_accepted() -> None:
+    cfg = ZLAB_QWEN3_8B_B16
+    for path, value in {
+        "dflash_config.input_embedding_scale": 1.0,
+        "output_multiplier": 1,
+        "dflash_config.final_logit_softcapping": 0.0,
+        "dflash_config.sample_from_anchor": False,
+        "dflash_config.use_aux_hidden_state": True,
+    }.items():
+        cfg = _with(cfg, path, value)
+    assert normalize_dflash_config(cfg) == normalize_dflash_config(ZLAB_QWEN3_8B_B16)
+
+
+def test_without_block_size_num_speculative_tokens_is_bounded_below_only() -> None:
+    # vLLM's conversion of a speculators export drops block_size.
+    plan = normalize_dflash_config(_with(ZLAB_QWEN3_8B_B16, "block_size", _DELETE))
+    assert plan.block_size is None and plan.max_speculative_tokens is None
+    plan.check_num_speculative_tokens(15)
+    plan.check_num_speculative_tokens(40)
+    with pytest.raises(ValueError, match="num_speculative_tokens must be >= 1; got 0"):
+        plan.check_num_speculative_tokens(0)
 
 
 def test_num_speculative_tokens_above_block_minus_one_is_refused() -> None:

@@ -104,6 +104,8 @@ def _load_oracle(
         layer_attention=tuple((lp.causal, lp.sliding_window) for lp in plan.layers),
         rms_norm_eps=plan.rms_norm_eps,
         rope_theta=plan.rope_theta,
+        value_scale=plan.value_scale,
+        attention_sink_bias=plan.attention_sink_bias,
     )
     return target, spec, weights, read_mask_embedding(root / "draft", plan)
 

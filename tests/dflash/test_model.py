@@ -32,6 +32,24 @@ def test_plugin_registers_only_our_names_by_default() -> None:
         dflash_architectures({TAKEOVER_ENV: "maybe"})
 
 
+def test_a_speculators_export_as_vllm_converts_it_normalises() -> None:
+    # vLLM hands the draft the config its speculators conversion builds (no block_size, taps
+    # moved into dflash_config.target_layer_ids); BWX_DFLASH=1 routes such drafts to ours.
+    from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+    from tests.dflash.test_config import SPECULATORS_DFLASH
+    from vllm_blackwell_ext.dflash.config import normalize_dflash_config
+
+    converted = SpeculatorsConfig.extract_transformers_pre_trained_config(
+        copy.deepcopy(SPECULATORS_DFLASH)
+    )
+    assert "block_size" not in converted
+    plan = normalize_dflash_config(converted)
+    assert plan.target_layer_ids == (1, 9, 17, 25, 33) and plan.mask_token_id == 151669
+    assert plan.block_size is None and plan.any_non_causal
+    plan.check_num_speculative_tokens(15)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -10,7 +10,13 @@ Rules:
   destroys acceptance). Ids are 0-based target layers; the feature of id `i` is HF
   `hidden_states[i + 1]`, i.e. the output of target layer `i`.
 - `mask_token_id` from `dflash_config`, then top level; `block_size` from the top level or
-  `dflash_config` (both present and different is an error).
+  `dflash_config` (both present and different is an error). vLLM's conversion of a speculators
+  export drops `block_size`: then the plan has none and `num_speculative_tokens` is not bounded
+  by it.
+- Fields that change the draft's outputs and that this draft does not implement (z-lab's
+  `input_embedding_scale`, `output_multiplier`, `final_logit_softcapping`; vLLM's
+  `sample_from_anchor`; `use_aux_hidden_state: false`) are refused when set to anything but
+  their neutral value, rather than ignored.
 - Causality per layer: explicit `is_causal`, then `dflash_config.causal`, then conventions:
   z-lab mixed `layer_types` -> sliding layers causal, full layers non-causal; everything else
   (incl. MiMo `use_swa` without `layer_types`) non-causal.
@@ -76,7 +82,7 @@ class DFlashPlan:
     target_layer_ids: tuple[int, ...]
     num_target_layers: int | None
     mask_token_id: int
-    block_size: int
+    block_size: int | None  # None: the config does not say (see the module docstring)
     layers: tuple[LayerPlan, ...]
     # MiMo-style extras (vLLM 0.32 reads them from dflash_config): a learned per-head softmax
     # sink on every layer and a constant multiplier on V.
@@ -93,9 +99,9 @@ class DFlashPlan:
         return (self.hidden_size, self.num_target_features * self.target_hidden_size)
 
     @property
-    def max_speculative_tokens(self) -> int:
+    def max_speculative_tokens(self) -> int | None:
         # One query slot is the bonus token; the other B - 1 are masks that become proposals.
-        return self.block_size - 1
+        return None if self.block_size is None else self.block_size - 1
 
     @property
     def any_non_causal(self) -> bool:
@@ -111,6 +117,12 @@ class DFlashPlan:
         )
 
     def check_num_speculative_tokens(self, num_speculative_tokens: int) -> None:
+        if self.max_speculative_tokens is None:
+            if num_speculative_tokens < 1:
+                raise ValueError(
+                    f"num_speculative_tokens must be >= 1; got {num_speculative_tokens}"
+                )
+            return
         if not 1 <= num_speculative_tokens <= self.max_speculative_tokens:
             raise ValueError(
                 f"num_speculative_tokens must be in [1, block_size - 1 = "
@@ -204,6 +216,29 @@ def _from_speculators(raw: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
     if raw.get("target_hidden_size") is not None:
         arch["target_hidden_size"] = raw["target_hidden_size"]
     return arch, dflash
+
+
+# Fields that change the draft's outputs, with the value at which they change nothing.
+_NEUTRAL_FIELDS: tuple[tuple[str, object], ...] = (
+    ("input_embedding_scale", 1.0),
+    ("output_multiplier", 1.0),
+    ("final_logit_softcapping", 0.0),  # 0 or absent: no soft-capping
+    ("sample_from_anchor", False),
+    ("use_aux_hidden_state", True),
+)
+
+
+def _refuse_unimplemented(cfg: Mapping[str, Any], dflash: Mapping[str, Any]) -> None:
+    """Refuse fields this draft does not implement, where set to a value that would matter."""
+    for name, neutral in _NEUTRAL_FIELDS:
+        for where, source in (("dflash_config.", dflash), ("", cfg)):
+            value = source.get(name)
+            if value is None or value == neutral:
+                continue
+            raise ValueError(
+                f"{where}{name} = {value!r}: this DFlash draft implements only {neutral!r} "
+                "(the field changes the draft's outputs; refusing rather than ignoring it)"
+            )
 
 
 def _resolve_layers(
@@ -328,9 +363,9 @@ def normalize_dflash_config(config: Any) -> DFlashPlan:
     if top_b is not None and nested_b is not None and top_b != nested_b:
         raise ValueError(f"block_size {top_b} disagrees with dflash_config.block_size {nested_b}")
     block = top_b if top_b is not None else nested_b
-    if block is None:
-        raise ValueError("DFlash draft config is missing block_size (top level or dflash_config)")
-    block = _int_field("block_size", block, minimum=2)
+    if block is not None:
+        block = _int_field("block_size", block, minimum=2)
+    _refuse_unimplemented(cfg, dflash)
 
     num_target_layers = cfg.get("num_target_layers")
     if num_target_layers is not None:

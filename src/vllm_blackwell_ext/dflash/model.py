@@ -113,10 +113,14 @@ def plan_for_vllm(vllm_config: VllmConfig) -> DFlashPlan:
             f"the draft needs {want} (target_layer_ids + 1); put target_layer_ids in "
             "dflash_config.target_layer_ids so vLLM reads the same list"
         )
-    if dflash_has_any_non_causal(hf) != plan.any_non_causal:
+    vllm_non_causal = dflash_has_any_non_causal(hf)
+    if vllm_non_causal != plan.any_non_causal:
+        modes = [(lp.causal, lp.sliding_window) for lp in plan.layers]
         raise ValueError(
             "vLLM's DFlash proposer and this plan disagree on whether the draft needs "
-            "non-causal attention; check is_causal / dflash_config.causal / layer_types"
+            f"non-causal attention (vLLM: {vllm_non_causal}; plan: {plan.any_non_causal}, "
+            f"(causal, window) per layer {modes}); check is_causal / dflash_config.causal / "
+            "layer_types"
         )
     return plan
 
