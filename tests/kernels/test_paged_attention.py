@@ -627,13 +627,19 @@ def test_gpu_mixed_batch_every_head_and_block_size(head_size, block_size):
 
 @gpu_only
 @pytest.mark.parametrize("kv_dtype", [None, torch.float8_e4m3fn])
-def test_gpu_value_heads_narrower_than_key_heads(kv_dtype):
-    # MiMo-V2-like layers: 192-wide keys, 128-wide values; a prefill chunk, a verify block and
-    # long decodes, split through a workspace sized for the value width.
+@pytest.mark.parametrize(
+    "q_lens, seq_lens",
+    [([1, 300, 16, 1], [20000, 1500, 9000, 77]), ([1, 16, 1], [20000, 9000, 30000])],
+    ids=["mixed", "decode-verify-split"],
+)
+def test_gpu_value_heads_narrower_than_key_heads(kv_dtype, q_lens, seq_lens):
+    # MiMo-V2-like layers: 192-wide keys, 128-wide values. A batch with a prefill chunk runs
+    # unsplit; decode and verify rows over long contexts split through a workspace sized for
+    # the value width.
     dtype = torch.bfloat16
     case = make_case(
-        [1, 300, 16, 1], [20000, 1500, 9000, 77], num_q_heads=32, num_kv_heads=4,
-        head_size=192, head_size_v=128, block_size=16, dtype=dtype, kv_dtype=kv_dtype,
+        q_lens, seq_lens, num_q_heads=32, num_kv_heads=4, head_size=192, head_size_v=128,
+        block_size=16, dtype=dtype, kv_dtype=kv_dtype,
     )  # fmt: skip
     ws = SplitKVWorkspace.for_device(32, 4, 128, device=DEVICE)
     assert_close(case, dtype, softmax_scale=192**-0.5, workspace=ws, **scales(kv_dtype))
