@@ -170,8 +170,16 @@ def _run_child(isa: str | None, timeout: float, request_amx: bool) -> ProbeResul
     cmd += ["--request-amx-permission"] if request_amx else []
     root = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    # faulthandler: a fatal signal prints the Python stack, which names the crashing call.
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": path, "PYTHONFAULTHANDLER": "1"}
+    # faulthandler: a fatal signal prints the Python stack, which names the crashing call. One
+    # OpenMP thread: two threads faulting at once can end the process while the first is still
+    # writing that dump (the handler is not reentrant; the second re-raises at once).
+    env = {
+        **os.environ,
+        "VLLM_TARGET_DEVICE": "cpu",
+        "PYTHONPATH": path,
+        "PYTHONFAULTHANDLER": "1",
+        "OMP_NUM_THREADS": "1",
+    }
     try:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
