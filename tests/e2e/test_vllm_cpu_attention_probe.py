@@ -67,6 +67,14 @@ def test_crash_site_names_the_innermost_vllm_frame_else_the_innermost_frame():
     torch_only = dump.replace("/vllm/", "/elsewhere/")
     assert crash_site(torch_only) == "_ops.py:1279 in __call__"
     assert crash_site("Segmentation fault") is None
+    # Several threads: the crashing one is "Current thread", whatever the others hold.
+    other = (
+        "Thread 0x00007effc5cd36c0 (most recent call first):\n"
+        '  File "/venv/site-packages/vllm/v1/executor/multiproc_executor.py", line 841 in monitor\n'
+        "\n"
+    )
+    current = dump.replace("Thread 0x00007f52df02fb80", "Current thread 0x00007f52df02fb80")
+    assert crash_site(other + current) == "vllm/_custom_ops.py:3927 in cpu_attention"
 
 
 @pytest.mark.e2e

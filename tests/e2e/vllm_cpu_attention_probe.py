@@ -66,9 +66,13 @@ _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<name
 def crash_site(stderr: str) -> str | None:
     """The innermost vLLM frame of a faulthandler dump (else the innermost frame), or None.
 
-    faulthandler lists the crashing thread's frames innermost first; the innermost is often
-    torch's op dispatcher, so the vLLM frame that called into the kernel says more.
+    faulthandler lists each thread's frames innermost first, the crashing one under "Current
+    thread" (read alone when present); the innermost is often torch's op dispatcher, so the
+    vLLM frame that called into the kernel says more.
     """
+    current = stderr.find("Current thread")
+    if current >= 0:
+        stderr = stderr[current:].split("\n\n", 1)[0]
     frames = [m for m in map(_FRAME.match, stderr.splitlines()) if m]
     if not frames:
         return None
