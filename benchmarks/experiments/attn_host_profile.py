@@ -2,8 +2,10 @@
 
 For a decode batch and a draft block it prints, per call, without synchronising: the whole
 call with and without input checks, without them through Triton's binder instead of cached
-handles (`kernels/launch_cache.py`), a few torch view ops for scale, and the top of a cProfile
-of the call.
+handles (`kernels/launch_cache.py`), the bare launch of the same compiled handle three ways
+(tensors through the handle's runner, addresses through it, addresses straight into
+`handle.run`: the floor below which only Triton's C launcher and the driver remain), a few
+torch view ops for scale, and the top of a cProfile of the call.
 
     python benchmarks/experiments/attn_host_profile.py
 """
@@ -29,6 +31,44 @@ N = 400
 
 def per_call_us(fn) -> float:
     return host_us(fn, N)
+
+
+def bare_launches(call) -> None:
+    """Host time of launching the attention kernel's compiled handle alone, three ways."""
+    launcher = pa._ATTN_LAUNCHER
+    seen: list = []
+    real_launch = launcher.launch
+
+    def spy(grid, args, **kw):
+        seen.append((grid, args))
+        return real_launch(grid, args, **kw)
+
+    launcher.launch = spy
+    try:
+        call()
+    finally:
+        del launcher.launch
+    grid, args = seen[-1]
+    handle = next(iter(launcher._handles.values()))
+    stream = torch.cuda.current_stream().cuda_stream
+    addrs = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+    run = handle.run
+
+    def tensors_runner():
+        handle[grid](*args)
+
+    def addresses_runner():
+        handle[grid](*addrs, stream=stream)
+
+    def addresses_run():
+        run(*grid, stream, handle.function, handle.packed_metadata, None, None, None, *addrs)
+
+    for name, fn in (
+        ("bare: tensors, handle[grid]", tensors_runner),
+        ("bare: addresses, handle[grid]", addresses_runner),
+        ("bare: addresses, handle.run", addresses_run),
+    ):
+        print(f"  {name:34s} {per_call_us(fn):7.1f} us/call")
 
 
 def main() -> None:
@@ -57,6 +97,7 @@ def main() -> None:
         def views(q=x.q, kv=x.kv):
             return q[:64], q[:64], kv.transpose(1, 2).split([128, 128], -1)
 
+        bare_launches(unchecked)
         print(f"  forward views (q/out slice, kv split) {per_call_us(views):7.1f} us")
         prof = cProfile.Profile()
         prof.enable()

@@ -89,3 +89,45 @@ def test_args_must_cover_the_signature() -> None:
     x = torch.zeros(16, device="cuda")
     with pytest.raises(TypeError, match="all 7 parameters"):
         launcher.launch((1, 1, 1), (x, x, x, 16, 1, 1.0), num_warps=4, num_stages=3)
+
+
+@gpu_only
+def test_cached_launch_runs_on_the_current_stream() -> None:
+    # A cached launch hands the handle the stream itself: under graph capture (a side stream)
+    # a launch anywhere else would raise or run outside the graph.
+    launcher = CachedLauncher(_axpy_kernel)
+    x = torch.arange(1024, dtype=torch.float32, device="cuda")
+    y = torch.ones(1024, dtype=torch.float32, device="cuda")
+    out = torch.zeros_like(x)
+    _launch(launcher, x, y, out)  # compiles: the next launches reuse its handle
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _launch(launcher, x, y, out, alpha=4.0)
+    assert len(launcher._handles) == 1
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(x, y, out, alpha=4.0)
+    # On a busy side stream the launch must wait its turn: the default stream's snapshot,
+    # taken meanwhile, still sees zeros (a launch on the default stream would precede it).
+    side = torch.cuda.Stream()
+    out.zero_()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)  # tens of milliseconds
+        _launch(launcher, x, y, out, alpha=0.5)
+    snapshot = out.clone()
+    torch.cuda.synchronize()
+    assert not snapshot.any()
+    _check(x, y, out, alpha=0.5)
+
+
+@gpu_only
+def test_cached_launch_refuses_a_cpu_tensor_like_triton() -> None:
+    # Cached launches pass addresses, which Triton's launcher no longer checks: a tensor on
+    # another device must miss the cache and meet Triton's own check.
+    launcher = CachedLauncher(_axpy_kernel)
+    x = torch.zeros(64, device="cuda")
+    _launch(launcher, x, x, torch.empty_like(x))
+    with pytest.raises(ValueError, match="cpu tensor"):
+        _launch(launcher, x, torch.zeros(64), torch.empty_like(x))

@@ -7,13 +7,16 @@ kernels' 30-50 arguments that is most of an eager launch's host time (H200 host,
 `benchmarks/experiments/attn_host_profile.py`). Eager launches are what vLLM runs for mixed
 prefill/decode batches on every attention layer.
 
-`CachedLauncher` keys each compiled handle by a superset of what Triton specialises on (the
-device, each tensor's dtype and 16-byte alignment, the value of every constexpr and
-specialised int, the int width of the others, the launch options), so a cached handle is
-reused only where Triton would have picked the same binary; any other call goes through
-Triton once and its handle joins the cache. Under the CPU interpreter (no compiled handles)
-and on Triton older than 3.3 (whose launchers take arguments differently) every call goes
-through Triton.
+`CachedLauncher` keys each compiled handle by a superset of what Triton specialises on (each
+tensor's device, dtype and 16-byte alignment, the value of every constexpr and specialised
+int, the int width of the others, the launch options), so a cached handle is reused only
+where Triton would have picked the same binary; any other call goes through Triton once and
+its handle joins the cache. A cached launch hands the handle each tensor's address as an int
+(which the key has already read) and the current stream of the tensors' device: Triton's
+launcher would otherwise call `data_ptr()` and ask the driver about every pointer again
+(`cuPointerGetAttribute`), and look the device and stream up in Python. Under the CPU
+interpreter (no compiled handles) and on Triton older than 3.3 (whose launchers take
+arguments differently) every call goes through Triton.
 """
 
 from __future__ import annotations
@@ -63,6 +66,9 @@ class CachedLauncher:
             isinstance(kernel, triton.runtime.JITFunction) and _triton_version() >= _MIN_TRITON
         )
         self._tensors: Callable[[tuple], tuple] = _getter(())
+        self._tensor_indices: tuple[int, ...] = ()
+        self._tensors_lead = False  # the tensors are the first parameters (all our kernels)
+        self._current_stream: Callable[[int], int] | None = None
         self._values: Callable[[tuple], tuple] = _getter(())  # constexprs, specialised ints
         self._widths: Callable[[tuple], tuple] = _getter(())  # other ints: only their width
         self._classified = False
@@ -83,6 +89,8 @@ class CachedLauncher:
             elif isinstance(a, int):
                 widths.append(i)
             # floats: always passed as fp32, nothing to specialise
+        self._tensor_indices = tuple(tensors)
+        self._tensors_lead = self._tensor_indices == tuple(range(len(tensors)))
         self._tensors, self._values, self._widths = (
             _getter(tensors),
             _getter(values),
@@ -90,17 +98,24 @@ class CachedLauncher:
         )
         self._classified = True
 
-    def _key(self, args: tuple, num_warps: int, num_stages: int) -> tuple:
-        tensors = self._tensors(args)
+    def _key(self, tensors: tuple, ptrs: list[int], args: tuple, num_warps: int, num_stages: int):
         return (
-            tensors[0].get_device() if tensors else -1,
             num_warps,
             num_stages,
             self._values(args),
-            tuple([t.dtype for t in tensors]),
-            tuple([t.data_ptr() & 15 == 0 for t in tensors]),
+            tuple([(t.dtype, t.get_device()) for t in tensors]),
+            tuple([p & 15 == 0 for p in ptrs]),
             tuple([_INT32_MIN <= v <= _INT32_MAX for v in self._widths(args)]),
         )
+
+    def _with_addresses(self, args: tuple, ptrs: list[int]) -> tuple:
+        """`args` with every tensor replaced by its address."""
+        if self._tensors_lead:
+            return (*ptrs, *args[len(ptrs) :])
+        out = list(args)
+        for i, p in zip(self._tensor_indices, ptrs, strict=True):
+            out[i] = p
+        return tuple(out)
 
     def launch(self, grid: tuple[int, int, int], args: tuple, *, num_warps: int, num_stages: int):
         """Launch on `grid` (three ints); returns the compiled handle (None when interpreted)."""
@@ -108,11 +123,16 @@ class CachedLauncher:
             return self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
         if not self._classified:
             self._classify(args)
-        key = self._key(args, num_warps, num_stages)
+        tensors = self._tensors(args)
+        ptrs = [t.data_ptr() for t in tensors]
+        key = self._key(tensors, ptrs, args, num_warps, num_stages)
         handle = self._handles.get(key)
         if handle is None:
+            # Through Triton: it checks every pointer, compiles or finds the binary.
             handle = self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
             self._handles[key] = handle
+            self._current_stream = triton.runtime.driver.active.get_current_stream
         else:
-            handle[grid](*args)
+            device = tensors[0].get_device() if tensors else torch.cuda.current_device()
+            handle[grid](*self._with_addresses(args, ptrs), stream=self._current_stream(device))
         return handle

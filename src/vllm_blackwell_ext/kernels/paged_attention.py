@@ -26,6 +26,7 @@ into the softmax scale and the v scale into the output: no extra pass over the t
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -725,6 +726,56 @@ def _validate(
             fail(ValueError, "lse_out", f"device {q.device}", lse_out.device)
 
 
+@dataclass(frozen=True)
+class _KernelConstants:
+    """What one launch's constexprs derive from its layout: computed once per layout."""
+
+    config: AttnConfig
+    gqa: int
+    head_k_pad: int
+    head_v_pad: int
+    dot_mode: int  # DOT_MODE of `_paged_attn_kernel`
+
+
+@functools.lru_cache(maxsize=256)
+def _kernel_constants(
+    info: DeviceInfo,
+    q_dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    head_size_v: int,
+    max_seqlen_q: int,
+    split_kv: bool,
+) -> _KernelConstants:
+    """Config and constexprs of a launch; cached, as an eager forward pays for every lookup."""
+    kv_elem = kv_dtype.itemsize
+    cfg = select_config(
+        info,
+        head_k_pad=next_power_of_2(head_size),
+        head_v_pad=next_power_of_2(head_size_v),
+        gqa=num_q_heads // num_kv_heads,
+        max_seqlen_q=max_seqlen_q,
+        kv_elem=kv_elem,
+        q_elem=q_dtype.itemsize,
+        split_kv=split_kv,
+    )
+    if kv_elem == 1 and cfg.fp8_dot_fp16:
+        dot_mode = 2
+    elif info.device_class == "cpu" and q_dtype == torch.bfloat16:
+        dot_mode = 1
+    else:
+        dot_mode = 0
+    return _KernelConstants(
+        cfg,
+        num_q_heads // num_kv_heads,
+        next_power_of_2(head_size),
+        next_power_of_2(head_size_v),
+        dot_mode,
+    )
+
+
 def launch_config(
     q: torch.Tensor,
     key_cache: torch.Tensor,
@@ -796,34 +847,30 @@ def paged_attention(
         )  # fmt: skip
     num_tokens, num_q_heads, head_size = q.shape
     batch = seq_lens.shape[0]
-    num_kv_heads = key_cache.shape[2]
+    _, block_size, num_kv_heads, _ = key_cache.shape
     head_size_v = value_cache.shape[3]
     if num_tokens == 0 or batch == 0 or max_seqlen_q == 0:
         return out
     info = device_info(q.device)
+    kv_elem = key_cache.element_size()
     splits = (
         num_splits
         if num_splits is not None
         else plan_split_kv(
-            num_tokens,
-            max_seqlen_q,
-            max_seqlen_k,
-            num_kv_heads,
-            info,
-            kv_elem=key_cache.element_size(),
+            num_tokens, max_seqlen_q, max_seqlen_k, num_kv_heads, info, kv_elem=kv_elem
         )
     )
     if splits > 1 and workspace is not None:
         if check_inputs:
             _check_workspace(workspace, q, num_q_heads, head_size_v)
         splits = min(splits, workspace.max_splits, workspace.max_rows // num_tokens)
-    cfg = (
-        config
-        if config is not None
-        else launch_config(q, key_cache, value_cache, max_seqlen_q, info, split_kv=splits > 1)
-    )
     if max_seqlen_q > SPLIT_KV_MAX_QUERY_LEN:
         splits = 1  # prefill: its query blocks already fill the grid
+    consts = _kernel_constants(
+        info, q.dtype, key_cache.dtype, num_q_heads, num_kv_heads, head_size, head_size_v,
+        max_seqlen_q, splits > 1,
+    )  # fmt: skip
+    cfg = consts.config if config is None else config
     if splits > 1:
         # Partials as contiguous [tokens, heads, splits, Dv] and [tokens, heads, splits]: the
         # first rows of the caller's scratch (no allocation, no host sync, not even a view).
@@ -844,17 +891,13 @@ def paged_attention(
         po_strides, pl_strides = (0, 0, 0), (0, 0)
 
     num_q_blocks = num_tokens // cfg.block_q + batch  # upper bound; surplus blocks exit at once
-    lse_t = lse_out if lse_out is not None else out
-    lse_strides = lse_t.stride()[:2] if lse_out is not None else (0, 0)
-    if key_cache.element_size() == 1 and cfg.fp8_dot_fp16:
-        dot_mode = 2
-    elif q.is_cpu and q.dtype == torch.bfloat16:
-        dot_mode = 1
+    if lse_out is not None:
+        lse_t, lse_strides = lse_out, lse_out.stride()[:2]
     else:
-        dot_mode = 0
-    head_k_pad = next_power_of_2(head_size)
-    head_v_pad = next_power_of_2(head_size_v)
+        lse_t, lse_strides = out, (0, 0)
     dummy_f32 = sinks if sinks is not None else (k_scale if k_scale is not None else lse_t)
+    ks, vs = key_cache.stride(), value_cache.stride()
+    qs, os_ = q.stride(), out.stride()
     handle = _ATTN_LAUNCHER.launch(
         (num_q_blocks, num_kv_heads, splits),
         (
@@ -864,16 +907,15 @@ def paged_attention(
             v_scale if v_scale is not None else dummy_f32,
             cu_seqlens_q, seq_lens, block_table,
             batch, float(softmax_scale), float(softcap), int(sliding_window or 0),
-            *q.stride()[:2], *key_cache.stride()[:3], *value_cache.stride()[:3],
-            *out.stride()[:2], *lse_strides, *po_strides, *pl_strides,
+            qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
+            os_[0], os_[1], *lse_strides, *po_strides, *pl_strides,
             block_table.stride(0), splits,
             # constexprs, in signature order: GQA .. UNMASKED_INTERIOR
-            num_q_heads // num_kv_heads,
-            head_size, head_size_v, head_k_pad, head_v_pad,
-            key_cache.shape[1], cfg.block_m, cfg.block_q, cfg.tile_n,
+            consts.gqa, head_size, head_size_v, consts.head_k_pad, consts.head_v_pad,
+            block_size, cfg.block_m, cfg.block_q, cfg.tile_n,
             splits > 1, bool(causal), sliding_window is not None,
             sinks is not None, softcap > 0.0, k_scale is not None,
-            lse_out is not None, dot_mode, cfg.unmasked_interior,
+            lse_out is not None, consts.dot_mode, cfg.unmasked_interior,
         ),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
@@ -889,11 +931,10 @@ def paged_attention(
                 cu_seqlens_q, batch,
                 *po_strides, *pl_strides, *out.stride()[:2], *lse_strides, splits,
                 # constexprs: HEAD_V, HEAD_V_PAD, SPLITS_PAD, USE_SINKS, WRITE_LSE
-                head_size_v, head_v_pad,
-                next_power_of_2(max(splits, MAX_SPLITS)),
+                head_size_v, consts.head_v_pad, next_power_of_2(max(splits, MAX_SPLITS)),
                 sinks is not None, lse_out is not None,
             ),
-            num_warps=4 if head_v_pad <= 128 else 8,
+            num_warps=4 if consts.head_v_pad <= 128 else 8,
             num_stages=DEFAULT_NUM_STAGES,
         )  # fmt: skip
     return out
