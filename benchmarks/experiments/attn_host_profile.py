@@ -26,7 +26,7 @@ import torch
 from benchmarks.bench_paged_attention import Case, Inputs, host_us, ours_fn
 from vllm_blackwell_ext.kernels import paged_attention as pa
 
-N = 400
+N = 40
 
 
 def per_call_us(fn) -> float:

@@ -131,3 +131,33 @@ def test_cached_launch_refuses_a_cpu_tensor_like_triton() -> None:
     _launch(launcher, x, x, torch.empty_like(x))
     with pytest.raises(ValueError, match="cpu tensor"):
         _launch(launcher, x, torch.zeros(64), torch.empty_like(x))
+
+
+@gpu_only
+def test_cached_launches_reach_registered_launch_hooks() -> None:
+    # Cached launches skip Triton's launch metadata only while no hook would read it.
+    launcher = CachedLauncher(_axpy_kernel)
+    x = torch.arange(256, dtype=torch.float32, device="cuda")
+    _launch(launcher, x, x, torch.empty_like(x))
+    seen: list[str] = []
+
+    def hook(metadata) -> None:
+        seen.append(metadata.get()["name"])
+
+    runtime = triton.knobs.runtime
+    chain = runtime.launch_enter_hook
+    if hasattr(chain, "add"):
+        chain.add(hook)
+    else:
+        runtime.launch_enter_hook = hook
+    try:
+        _check(x, x, _launch(launcher, x, x, torch.empty_like(x)))
+    finally:
+        if hasattr(chain, "remove"):
+            chain.remove(hook)
+        else:
+            runtime.launch_enter_hook = chain
+    assert seen == ["_axpy_kernel"]
+    _launch(launcher, x, x, torch.empty_like(x))
+    assert seen == ["_axpy_kernel"]  # removed: later launches take the direct path again
+    assert len(launcher._handles) == 1
