@@ -414,10 +414,8 @@ def _split_kv_merge_kernel(
 ):
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    # Padding rows of the token axis are never written. Their partial rows are loaded anyway
-    # (in bounds: the launch covers the scratch rows of every token) so that no load waits
-    # on this one: one memory round trip less per program.
-    num_valid_tokens = tl.load(cu_q_ptr + batch)
+    if tok >= tl.load(cu_q_ptr + batch):
+        return  # padding rows of the token axis: never written
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_V_PAD)
     s_ok = offs_s < num_splits
@@ -453,13 +451,13 @@ def _split_kv_merge_kernel(
     tl.store(
         out_ptr + tok * stride_ot + head * stride_oh + offs_d,
         res.to(out_ptr.dtype.element_ty),
-        mask=d_ok & (offs_d * 0 + tok < num_valid_tokens),
+        mask=d_ok,
     )
     if WRITE_LSE:
         lse = tl.where(
             denom == 0.0, float("-inf"), (m_safe + tl.log2(denom_div)) * 0.6931471805599453
         )
-        tl.store(lse_ptr + tok * stride_lt + head * stride_lh, lse, mask=tok < num_valid_tokens)
+        tl.store(lse_ptr + tok * stride_lt + head * stride_lh, lse)
 
 
 _ATTN_LAUNCHER = CachedLauncher(_paged_attn_kernel)
