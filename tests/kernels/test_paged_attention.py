@@ -315,6 +315,42 @@ def test_window_is_backward_only_and_skips_tiles_before_it(causal):
         assert (out2[0] - out[0]).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("window", [None, 20])
+@pytest.mark.parametrize("causal", [True, False])
+def test_block_table_read_ahead_changes_no_bit(causal, window, block_size):
+    """Reading each tile's pages one iteration ahead (prefill's config) only moves loads: the
+    same bits as reading them in the iteration, over masked and unmasked tiles, pages wider
+    and narrower than a tile, a window, a prefill batch and a split decode/verify batch."""
+    kw = dict(softmax_scale=0.125, causal=causal, sliding_window=window)
+    for q_lens, seq_lens, splits in (([1, 8, 40], [90, 70, 100], 1), ([1, 8], [90, 70], 3)):
+        case = make_case(
+            q_lens, seq_lens, num_q_heads=4, num_kv_heads=2, head_size=64,
+            block_size=block_size, dtype=torch.float16,
+        )  # fmt: skip
+        base = replace(
+            launch_config(case["q"], case["key_cache"], case["value_cache"], max(q_lens)),
+            block_m=32, block_q=8, tile_n=16, unmasked_interior=True,
+        )  # fmt: skip
+        outs = []
+        for prefetch in (False, True):
+            cfg = replace(base, prefetch_pages=prefetch)
+            out, lse, ref_out, _ = run_both(case, config=cfg, num_splits=splits, **kw)
+            outs.append((out, lse))
+        tol = TOL[torch.float16]
+        torch.testing.assert_close(outs[1][0], ref_out, atol=tol, rtol=tol)
+        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+def test_prefill_configs_read_pages_ahead_and_decode_configs_do_not():
+    q = torch.zeros(64, 32, 128, dtype=torch.bfloat16)
+    kv = torch.zeros(8, 16, 8, 128, dtype=torch.bfloat16)
+    assert launch_config(q, kv, kv, 64).prefetch_pages
+    for q_len in (1, 16):
+        for split in (False, True):
+            assert not launch_config(q, kv, kv, q_len, split_kv=split).prefetch_pages
+
+
 @pytest.mark.parametrize("window", [None, 20])
 @pytest.mark.parametrize("causal", [True, False])
 def test_unmasked_interior_tiles_match_reference(causal, window):

@@ -119,6 +119,7 @@ def _attend_tiles(
     USE_WINDOW: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     MASKED: tl.constexpr,  # False: every key of these tiles is visible to every valid row
+    PREFETCH_PAGES: tl.constexpr,
 ):
     """Online softmax over key tiles [tile_lo, tile_hi); returns the updated (acc, l_i, m_i).
 
@@ -127,15 +128,27 @@ def _attend_tiles(
     (padding rows hold a zero query and are never stored).
     """
     offs_t = tl.arange(0, TILE_N)
+    # PREFETCH_PAGES: each tile's pages are read from the block table one iteration ahead, so
+    # its K/V loads depend on a loop-carried value, not on a load of the same iteration.
+    next_pos = tile_lo * TILE_N + offs_t
+    next_page = tl.zeros([TILE_N], tl.int32)
+    if PREFETCH_PAGES:
+        next_page = tl.load(bt_row + next_pos // BLOCK_SIZE, mask=next_pos < k_hi, other=0)
     for j in range(tile_lo, tile_hi):
         key_pos = j * TILE_N + offs_t
         if MASKED:
             key_ok = key_pos < k_hi
-            page = tl.load(bt_row + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
             kv_ok = key_ok[:, None]
         else:
-            page = tl.load(bt_row + key_pos // BLOCK_SIZE).to(tl.int64)
             kv_ok = tl.full([TILE_N, 1], True, tl.int1)
+        if PREFETCH_PAGES:
+            page = next_page.to(tl.int64)
+            next_pos = key_pos + TILE_N
+            next_page = tl.load(bt_row + next_pos // BLOCK_SIZE, mask=next_pos < k_hi, other=0)
+        elif MASKED:
+            page = tl.load(bt_row + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+        else:
+            page = tl.load(bt_row + key_pos // BLOCK_SIZE).to(tl.int64)
         slot = key_pos % BLOCK_SIZE
         k = tl.load(
             k_head + page[:, None] * stride_kb + slot[:, None] * stride_ks + offs_dk[None, :],
@@ -238,6 +251,7 @@ def _paged_attn_kernel(
     WRITE_LSE: tl.constexpr,
     DOT_MODE: tl.constexpr,  # 0: query dtype, 1: fp32 (CPU interpreter), 2: fp16 (fp8 cache)
     UNMASKED_INTERIOR: tl.constexpr,  # interior tiles in a loop without masks
+    PREFETCH_PAGES: tl.constexpr,  # block-table reads one tile ahead (AttnConfig.prefetch_pages)
 ):
     pid_q = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -334,20 +348,20 @@ def _paged_attn_kernel(
         acc, l_i, m_i, q, qk_scale, softcap, window, tile_lo, full_lo, k_hi, row_ok, q_pos,
         bt_row, k_head, v_head, stride_kb, stride_ks, stride_vb, stride_vs,
         offs_dk, offs_dv, dk_ok, dv_ok,
-        BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, True,
+        BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, True, PREFETCH_PAGES,
     )  # fmt: skip
     if UNMASKED_INTERIOR:
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, qk_scale, softcap, window, full_lo, full_hi, k_hi, row_ok, q_pos,
             bt_row, k_head, v_head, stride_kb, stride_ks, stride_vb, stride_vs,
             offs_dk, offs_dv, dk_ok, dv_ok,
-            BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, False,
+            BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, False, PREFETCH_PAGES,
         )  # fmt: skip
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, qk_scale, softcap, window, full_hi, tile_hi, k_hi, row_ok, q_pos,
             bt_row, k_head, v_head, stride_kb, stride_ks, stride_vb, stride_vs,
             offs_dk, offs_dv, dk_ok, dv_ok,
-            BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, True,
+            BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, True, PREFETCH_PAGES,
         )  # fmt: skip
 
     if USE_KV_SCALE:
@@ -915,12 +929,12 @@ def paged_attention(
             qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
             os_[0], os_[1], *lse_strides, *po_strides, *pl_strides,
             block_table.stride(0), splits,
-            # constexprs, in signature order: GQA .. UNMASKED_INTERIOR
+            # constexprs, in signature order: GQA .. PREFETCH_PAGES
             consts.gqa, head_size, head_size_v, consts.head_k_pad, consts.head_v_pad,
             block_size, cfg.block_m, cfg.block_q, cfg.tile_n,
             splits > 1, bool(causal), sliding_window is not None,
             sinks is not None, softcap > 0.0, k_scale is not None,
-            lse_out is not None, consts.dot_mode, cfg.unmasked_interior,
+            lse_out is not None, consts.dot_mode, cfg.unmasked_interior, cfg.prefetch_pages,
         ),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

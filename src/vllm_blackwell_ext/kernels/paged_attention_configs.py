@@ -70,6 +70,8 @@ class AttnConfig:
     # Tiles every query row sees whole run in their own loop without masks (between the
     # masked window-start and diagonal tiles).
     unmasked_interior: bool = False
+    # Read each tile's block-table entries one iteration ahead of its K/V loads.
+    prefetch_pages: bool = False
 
     def smem_estimate(self, head_k_pad: int, head_v_pad: int, kv_elem: int, q_elem: int) -> int:
         """Bytes of shared memory the pipelined loop needs (what Triton allocates, roughly).
@@ -132,19 +134,26 @@ def select_config(
     # and short verify splits (q=16 B=1 8k 28.4 -> 31.0 us), which keep one masked loop.
     unmasked = prefill or fp8_single_token
     big_smem = head_max <= 128 and info.smem_per_block >= DOUBLE_BUFFER_MIN_SMEM
+    # Block-table reads one tile ahead: measured faster for prefill (H200, 128 x 128 tiles:
+    # causal 8k 334.3 -> 371.2 TFLOP/s), slower for decode and verify (B=64 32k 1.21x,
+    # fp8 B=8 32k 1.41x, q=16 B=1 8k 1.23x the time), `benchmarks/experiments/attn_kernel_ab.py`.
+    prefetch = prefill
     if big_smem and prefill and kv_elem == 2:
         return AttnConfig(
-            block_m, block_q, PREFILL_WIDE_TILE_N, num_warps, PREFILL_WIDE_STAGES, True, unmasked
-        )
+            block_m, block_q, PREFILL_WIDE_TILE_N, num_warps, PREFILL_WIDE_STAGES, True, unmasked,
+            prefetch,
+        )  # fmt: skip
     if big_smem and not prefill and (fp8_single_token or (kv_elem == 2 and split_kv)):
-        return AttnConfig(block_m, block_q, tile_n, num_warps, DOUBLE_BUFFER_STAGES, True, unmasked)
+        return AttnConfig(
+            block_m, block_q, tile_n, num_warps, DOUBLE_BUFFER_STAGES, True, unmasked, prefetch
+        )
     limit = int(info.smem_per_block * 0.9)  # margin for Triton's own layout scratch
     # Bytes in flight per program are stages x tile: keep 2-3 stages and shrink the tile
     # before falling back to a single (unpipelined) stage.
     candidates = [(st, tile_n >> k) for k in range(4) for st in (3, 2) if tile_n >> k >= 16]
     candidates.append((1, 16))
     for stages, tile in candidates:
-        cfg = AttnConfig(block_m, block_q, tile, num_warps, stages, True, unmasked)
+        cfg = AttnConfig(block_m, block_q, tile, num_warps, stages, True, unmasked, prefetch)
         if cfg.smem_estimate(head_k_pad, head_v_pad, kv_elem, q_elem) <= limit:
             return cfg
     return cfg
