@@ -9,11 +9,15 @@ cases with `unmasked_interior` off and on, to decide which take it.
 walking the longest causal query blocks first, measured at e3c94ef and dropped (with unmasked
 interiors it lost 0.6-2%).
 
-    python benchmarks/experiments/attn_prefill_configs.py
+    python benchmarks/experiments/attn_prefill_configs.py [--only SUBSTR] [--interior on]
+
+`--only` keeps the cases whose name holds SUBSTR; `--interior on` times unmasked interiors
+only (the shipped prefill choice), halving the sweep.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -66,9 +70,16 @@ def timed(c: pa.Case, x: pa.Inputs, ws: SplitKVWorkspace, cfg, splits: int, tag:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="", help="run cases whose name contains this")
+    ap.add_argument("--interior", choices=("both", "on"), default="both")
+    args = ap.parse_args()
+    interiors = (False, True) if args.interior == "both" else (True,)
     ws = SplitKVWorkspace.for_device(pa.HQ, pa.HKV, pa.D, "cuda")
     info = device_info("cuda")
     for c in PREFILL:
+        if args.only not in c.name:
+            continue
         x = pa.Inputs(c)
         sdpa = pa.sdpa_fn(c, x)
         if sdpa is not None:
@@ -80,7 +91,7 @@ def main() -> None:
                 shipped, block_m=m, block_q=m // (pa.HQ // pa.HKV), tile_n=n, num_warps=w,
                 num_stages=st,
             )  # fmt: skip
-            for unmasked in (False, True):
+            for unmasked in interiors:
                 cfg = replace(cfg, unmasked_interior=unmasked)
                 try:
                     timed(c, x, ws, cfg, 1, "")
@@ -88,6 +99,8 @@ def main() -> None:
                     print(f"{c.name}: m={m} n={n} w={w} st={st}: {type(e).__name__}: {e}")
         del x
     for c in DECODE:
+        if args.only not in c.name:
+            continue
         x = pa.Inputs(c)
         plan = plan_split_kv(
             c.batch * c.q_len, c.q_len, c.ctx, pa.HKV, info, kv_elem=1 if c.fp8 else 2

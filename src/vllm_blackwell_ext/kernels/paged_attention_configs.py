@@ -134,9 +134,10 @@ def select_config(
     # and short verify splits (q=16 B=1 8k 28.4 -> 31.0 us), which keep one masked loop.
     unmasked = prefill or fp8_single_token
     big_smem = head_max <= 128 and info.smem_per_block >= DOUBLE_BUFFER_MIN_SMEM
-    # Block-table reads one tile ahead: measured faster for prefill (H200, 128 x 128 tiles:
-    # causal 8k 334.3 -> 371.2 TFLOP/s), slower for decode and verify (B=64 32k 1.21x,
-    # fp8 B=8 32k 1.41x, q=16 B=1 8k 1.23x the time), `benchmarks/experiments/attn_kernel_ab.py`.
+    # Block-table reads one tile ahead: faster for prefill (H200, TFLOP/s: causal 8k 334.7 ->
+    # 371.2, 4 x 4k 316.5 -> 349.4, 2k chunk after 14k 328.8 -> 367.8, fp8 8k 305.9 -> 315.8),
+    # slower for decode and verify (B=64 32k 1.21x, fp8 B=8 32k 1.41x, q=16 B=1 8k 1.23x the
+    # time): `benchmarks/experiments/attn_kernel_ab.py`, `h200-attn-prefetch-ab.txt`.
     prefetch = prefill
     if big_smem and prefill and kv_elem == 2:
         return AttnConfig(
