@@ -11,11 +11,16 @@ Result (`benchmarks/results/h200-attn-verify-blocks.txt`): the shipped 16-token 
 splits stayed the fastest at 8k (27.7 us; 4- and 8-token blocks and fewer splits were slower),
 so the plan is unchanged; what remains at 8k is the fixed cost of two launches and the partials.
 
-    python benchmarks/experiments/attn_verify_blocks.py
+    python benchmarks/experiments/attn_verify_blocks.py [--only SUBSTR] [--readahead]
+
+`--readahead` times instead the shipped 16-token block with the block table read one tile
+ahead (`AttnConfig.prefetch_pages`) and without, over pipeline depths and split counts: the
+read-ahead frees the stage the indirection held, so fewer stages might fit two programs per SM.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -43,28 +48,50 @@ CASES = (
 BLOCK_TOKENS = (4, 8, 16)  # query tokens per program (x 4 GQA heads = rows)
 TILES = ((32, 4, 5), (64, 4, 5), (64, 4, 3))  # (keys per tile, warps, stages)
 SPLITS = (4, 8, 16, 32)
+READAHEAD_TILES = ((64, 4, 3), (64, 4, 4), (64, 4, 5), (32, 4, 3), (32, 4, 5))
+READAHEAD_SPLITS = (32, 64)
+
+
+def variants(shipped, plan: int, c: pa.Case, readahead: bool) -> list:
+    """(config, splits, tag) to time, the shipped choice first."""
+    todo = [(shipped, plan, "shipped")]
+    if readahead:
+        for tile, warps, stages in READAHEAD_TILES:
+            for prefetch in (False, True):
+                cfg = replace(
+                    shipped, tile_n=tile, num_warps=warps, num_stages=stages,
+                    prefetch_pages=prefetch,
+                )  # fmt: skip
+                todo += [(cfg, s, f"readahead={int(prefetch)}") for s in READAHEAD_SPLITS]
+        return todo
+    gqa = pa.HQ // pa.HKV
+    for tokens in BLOCK_TOKENS:
+        if tokens > c.q_len:
+            continue
+        for tile, warps, stages in TILES:
+            cfg = replace(
+                shipped, block_m=tokens * gqa, block_q=tokens, tile_n=tile,
+                num_warps=warps, num_stages=stages,
+            )  # fmt: skip
+            todo += [(cfg, s, "") for s in SPLITS]
+    return todo
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="", help="run cases whose name contains this")
+    ap.add_argument("--readahead", action="store_true")
+    args = ap.parse_args()
     roof = copy_roofline_gbps("cuda")
     print(f"copy {roof:.0f} GB/s", flush=True)
-    gqa = pa.HQ // pa.HKV
     ws = SplitKVWorkspace.allocate(256, pa.HQ, pa.D, max_splits=64, device="cuda")
     for c in CASES:
+        if args.only not in c.name:
+            continue
         x = pa.Inputs(c)
         plan = plan_split_kv(c.batch * c.q_len, c.q_len, c.ctx, pa.HKV, device_info("cuda"))
         shipped = launch_config(x.q, x.k, x.v, c.q_len, split_kv=plan > 1)
-        todo = [(shipped, plan, "shipped")]
-        for tokens in BLOCK_TOKENS:
-            if tokens > c.q_len:
-                continue
-            for tile, warps, stages in TILES:
-                cfg = replace(
-                    shipped, block_m=tokens * gqa, block_q=tokens, tile_n=tile,
-                    num_warps=warps, num_stages=stages,
-                )  # fmt: skip
-                todo += [(cfg, s, "") for s in SPLITS]
-        for cfg, splits, tag in todo:
+        for cfg, splits, tag in variants(shipped, plan, c, args.readahead):
             handles: list = []
             fn = pa.ours_fn(c, x, ws, config=cfg, num_splits=splits, compiled=handles)
             us = pa.graph_us(fn, 10, 40)
