@@ -161,3 +161,42 @@ def test_cached_launches_reach_registered_launch_hooks() -> None:
     _launch(launcher, x, x, torch.empty_like(x))
     assert seen == ["_axpy_kernel"]  # removed: later launches take the direct path again
     assert len(launcher._handles) == 1
+
+
+class _Param:
+    def __init__(self, is_constexpr: bool = False, do_not_specialize: bool = False) -> None:
+        self.is_constexpr = is_constexpr
+        self.do_not_specialize = do_not_specialize
+
+
+class _StubKernel:
+    """Just what the launcher's argument classification reads from a JITFunction."""
+
+    def __init__(self, params: list[_Param]) -> None:
+        self.params = params
+
+
+def test_launch_args_carry_addresses_where_the_tensors_were() -> None:
+    # Tensors anywhere in the signature: each is replaced by its address in place, the rest
+    # (ints, floats, constexprs) passed through; the key sees dtype, device and alignment.
+    a, b = torch.zeros(8), torch.zeros(8, dtype=torch.float16)[1:]
+    params = [_Param(), _Param(), _Param(do_not_specialize=True), _Param(), _Param(True)]
+    launcher = CachedLauncher(_StubKernel(params))
+    args = (7, a, 2**40, b, 64)
+    launcher._classify(args)
+    assert not launcher._tensors_lead
+    ptrs = [a.data_ptr(), b.data_ptr()]
+    assert launcher._with_addresses(args, ptrs) == (7, ptrs[0], 2**40, ptrs[1], 64)
+    key = launcher._key((a, b), ptrs, args, 4, 3)
+    assert key == (
+        4, 3, (7, 64),
+        ((torch.float32, -1), (torch.float16, -1)),
+        (ptrs[0] % 16 == 0, ptrs[1] % 16 == 0),
+        (False,),  # 2**40 does not fit in int32
+    )  # fmt: skip
+    assert key[4][1] is False  # a view one fp16 element in is off 16-byte alignment
+
+    leading = CachedLauncher(_StubKernel([_Param(), _Param(), _Param(True)]))
+    leading._classify((a, b, 16))
+    assert leading._tensors_lead
+    assert leading._with_addresses((a, b, 16), ptrs) == (ptrs[0], ptrs[1], 16)
