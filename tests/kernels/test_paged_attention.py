@@ -342,6 +342,23 @@ def test_block_table_read_ahead_changes_no_bit(causal, window, block_size):
         assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_cache_dotted_in_the_query_dtype_matches_reference(kv_dtype):
+    # A config may turn the fp16 dots of fp8 caches off (the benchmark's sweep does): the
+    # tiles then convert to the query dtype, and the result is the same attention.
+    case = make_case(
+        [1, 5], [40, 33], num_q_heads=4, num_kv_heads=2, head_size=64, block_size=16,
+        dtype=torch.float16, kv_dtype=kv_dtype,
+    )  # fmt: skip
+    cfg = launch_config(case["q"], case["key_cache"], case["value_cache"], 5)
+    assert cfg.fp8_dot_fp16
+    for f16 in (True, False):
+        assert_close(
+            case, torch.float16, softmax_scale=0.125, config=replace(cfg, fp8_dot_fp16=f16),
+            num_splits=1, **scales(kv_dtype),
+        )  # fmt: skip
+
+
 def test_prefill_configs_read_pages_ahead_and_decode_configs_do_not():
     q = torch.zeros(64, 32, 128, dtype=torch.bfloat16)
     kv = torch.zeros(8, 16, 8, 128, dtype=torch.bfloat16)

@@ -748,7 +748,8 @@ class _KernelConstants:
     gqa: int
     head_k_pad: int
     head_v_pad: int
-    dot_mode: int  # DOT_MODE of `_paged_attn_kernel`
+    fp8_cache: bool
+    query_dot_mode: int  # DOT_MODE unless an fp8 cache dots in fp16 (the config says)
 
 
 def _device_info(device_index: int) -> DeviceInfo:
@@ -781,18 +782,13 @@ def _kernel_constants(
         q_elem=q_dtype.itemsize,
         split_kv=split_kv,
     )
-    if kv_elem == 1 and cfg.fp8_dot_fp16:
-        dot_mode = 2
-    elif info.device_class == "cpu" and q_dtype == torch.bfloat16:
-        dot_mode = 1
-    else:
-        dot_mode = 0
     return _KernelConstants(
         cfg,
         num_q_heads // num_kv_heads,
         next_power_of_2(head_size),
         next_power_of_2(head_size_v),
-        dot_mode,
+        fp8_cache=kv_elem == 1,
+        query_dot_mode=1 if info.device_class == "cpu" and q_dtype == torch.bfloat16 else 0,
     )
 
 
@@ -890,6 +886,7 @@ def paged_attention(
         max_seqlen_q, splits > 1,
     )  # fmt: skip
     cfg = consts.config if config is None else config
+    dot_mode = 2 if consts.fp8_cache and cfg.fp8_dot_fp16 else consts.query_dot_mode
     if splits > 1:
         # Partials as contiguous [tokens, heads, splits, Dv] and [tokens, heads, splits]: the
         # first rows of the caller's scratch (no allocation, no host sync, not even a view).
@@ -934,7 +931,7 @@ def paged_attention(
             block_size, cfg.block_m, cfg.block_q, cfg.tile_n,
             splits > 1, bool(causal), sliding_window is not None,
             sinks is not None, softcap > 0.0, k_scale is not None,
-            lse_out is not None, consts.dot_mode, cfg.unmasked_interior, cfg.prefetch_pages,
+            lse_out is not None, dot_mode, cfg.unmasked_interior, cfg.prefetch_pages,
         ),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
