@@ -23,6 +23,11 @@ from .kernels import kv_gather as _kv
 from .kernels.checks import fail
 
 NAMESPACE = "vllm_blackwell_ext"
+# What may hold an fp8 cache's bytes: its kv_cache_dtype string says how they are read.
+_FP8_STORAGE_DTYPES: tuple[torch.dtype, ...] = (
+    torch.uint8,
+    *dict.fromkeys(_kv.FP8_KV_CACHE_DTYPES.values()),
+)
 
 
 def _check_index(name: str, t: object, device: torch.device, ndim: int) -> None:
@@ -47,6 +52,13 @@ def _check_cache_and_dst(src_cache: object, dst: object) -> None:
         fail(ValueError, "src_cache", "[num_blocks, block_size, *entry]", tuple(src_cache.shape))
     if src_cache.shape[1] < 1:
         fail(ValueError, "src_cache", "block_size (dim 1) >= 1", src_cache.shape[1])
+    if src_cache.device.type == "cpu" and not _kv.INTERPRETED:
+        fail(
+            ValueError,
+            "src_cache",
+            "a CUDA tensor (CPU tensors run only under Triton's interpreter, TRITON_INTERPRET=1)",
+            src_cache.device,
+        )
     if dst.device != src_cache.device:
         fail(ValueError, "dst", f"a tensor on {src_cache.device} (src_cache's device)", dst.device)
     if dst.shape[1:] != src_cache.shape[2:]:
@@ -65,12 +77,20 @@ def _check_cache_and_dst(src_cache: object, dst: object) -> None:
         fail(ValueError, "dst", "each row's entry laid out contiguously", dst.stride())
 
 
-def _check_common(src_cache, dst, block_table, cu_seq_lens, batch: int, seq_starts) -> None:
+def _check_common(
+    src_cache, dst, block_table, cu_seq_lens, batch: int, batch_from: str, seq_starts
+) -> None:
+    """`batch`: the sequence count, read from `batch_from` (named in errors)."""
     dev = src_cache.device
     _check_index("block_table", block_table, dev, 2)
     _check_index("cu_seq_lens", cu_seq_lens, dev, 1)
     if cu_seq_lens.numel() != batch + 1:
-        fail(ValueError, "cu_seq_lens", f"{batch + 1} entries (batch + 1)", cu_seq_lens.numel())
+        fail(
+            ValueError,
+            "cu_seq_lens",
+            f"{batch + 1} entries (one more than the {batch} sequences of {batch_from})",
+            cu_seq_lens.numel(),
+        )
     if seq_starts is not None:
         _check_index("seq_starts", seq_starts, dev, 1)
         if seq_starts.numel() < batch:
@@ -113,11 +133,14 @@ def _validate_gather(
         )
     fp8 = _kv.FP8_KV_CACHE_DTYPES.get(kv_cache_dtype)
     if fp8 is not None:
-        if src_cache.dtype not in (torch.uint8, fp8):
+        # The bytes are read as `kv_cache_dtype` says, whatever 1-byte dtype views them: vLLM
+        # hands MLA caches over viewed as its platform's fp8 dtype, e5m2 caches included.
+        if src_cache.dtype not in _FP8_STORAGE_DTYPES:
             fail(
                 TypeError,
                 "src_cache",
-                f"dtype torch.uint8 or {fp8} for kv_cache_dtype={kv_cache_dtype!r}",
+                f"a 1-byte dtype in {list(_FP8_STORAGE_DTYPES)} for kv_cache_dtype="
+                f"{kv_cache_dtype!r}",
                 src_cache.dtype,
             )
         if scale is None:
@@ -150,7 +173,9 @@ def _validate_gather(
                 src_cache.dtype,
             )
     batch = block_table.shape[0] if isinstance(block_table, torch.Tensor) else 0
-    _check_common(src_cache, dst, block_table, cu_seq_lens, batch, seq_starts)
+    _check_common(
+        src_cache, dst, block_table, cu_seq_lens, batch, "block_table's rows", seq_starts
+    )
     _check_index("token_to_seq", token_to_seq, src_cache.device, 1)
     if token_to_seq.numel() < num_tokens:
         fail(
@@ -169,7 +194,7 @@ def _validate_cp_gather(src_cache, dst, block_table, cu_seq_lens, batch_size, se
         fail(ValueError, "batch_size", "a count >= 0", batch_size)
     if dst.dtype != src_cache.dtype:
         fail(TypeError, "dst", f"src_cache's dtype {src_cache.dtype} (a raw copy)", dst.dtype)
-    _check_common(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts)
+    _check_common(src_cache, dst, block_table, cu_seq_lens, batch_size, "batch_size", seq_starts)
     if block_table.shape[0] < batch_size:
         fail(
             ValueError,

@@ -5,6 +5,10 @@ tests/plugin/test_ops_match_vllm.py: kernel and op tests import nothing from vLL
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -148,13 +152,10 @@ def _bad_gather_cases():
             lambda a: {"token_to_seq": a["token_to_seq"][:4]},
         ),
         "fp8 cache as auto": ("src_cache", TypeError, lambda a: {"kv_cache_dtype": "auto"}),
-        "e5m2 cache as e4m3": (
+        "bf16 cache as fp8": (
             "src_cache",
             TypeError,
-            lambda a: {
-                "src_cache": a["src_cache"].view(torch.float8_e5m2),
-                "kv_cache_dtype": "fp8_e4m3",
-            },
+            lambda a: {"src_cache": a["src_cache"].to(torch.bfloat16)},
         ),
         "block_table 1-D": (
             "block_table",
@@ -219,9 +220,57 @@ def test_bad_cp_gather_input_names_the_argument(arg, exc, change, device):
         ops.cp_gather_cache(**a)
 
 
+@pytest.mark.parametrize("kv", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_bytes_are_read_as_kv_cache_dtype_says_whatever_dtype_views_them(kv, device):
+    # vLLM hands MLA caches over viewed as its platform's fp8 dtype (e4m3), e5m2 ones too.
+    outs = []
+    for view in (torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2):
+        a = small_args(device)
+        a.update(src_cache=a["src_cache"].view(view), kv_cache_dtype=kv)
+        ops.gather_and_maybe_dequant_cache(**a)
+        outs.append(a["dst"])
+    a = small_args(device)
+    want = torch.zeros_like(a["dst"])
+    gather_and_maybe_dequant_cache_ref(**{**a, "dst": want, "kv_cache_dtype": kv})
+    assert want.abs().sum() > 0
+    for out in outs:
+        assert torch.equal(out, want)
+
+
+def test_cpu_tensors_without_the_interpreter_are_refused_by_name(tmp_path):
+    # Compiled Triton cannot take CPU tensors: say which argument and why, not "0 active drivers".
+    code = (
+        "import torch\n"
+        "from tests.ops.test_kv_gather_ops import small_args\n"
+        "from vllm_blackwell_ext import ops\n"
+        "try:\n"
+        "    ops.gather_and_maybe_dequant_cache(**small_args('cpu'))\n"
+        "except ValueError as e:\n"
+        "    print('refused:', e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    repo = Path(__file__).resolve().parents[2]
+    env["PYTHONPATH"] = os.pathsep.join([str(repo), str(repo / "src")])
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=repo, capture_output=True, text=True, timeout=300
+    )
+    assert "refused: src_cache: expected a CUDA tensor" in done.stdout, done.stdout + done.stderr
+
+
 def test_debug_bounds_env_checks_block_table_through_the_op(device, monkeypatch):
     a = small_args(device)
     a["block_table"][1, 2] = 8  # == num_blocks; sequence 1 reads block 2 (positions 8..11)
     monkeypatch.setenv(kvk.DEBUG_BOUNDS_ENV, "1")
     with pytest.raises(ValueError, match="block_table"):
         ops.gather_and_maybe_dequant_cache(**a)
+
+
+def test_debug_bounds_env_reports_cp_gather_rows_past_dst(device, monkeypatch):
+    # Without the check the kernel skips rows past dst (never writes out of bounds); the debug
+    # mode exists to say so instead.
+    a = cp_args(device)
+    a["dst"] = a["dst"][:12]  # the sequences need 16 rows
+    ops.cp_gather_cache(**a)
+    monkeypatch.setenv(kvk.DEBUG_BOUNDS_ENV, "1")
+    with pytest.raises(ValueError, match=r"cu_seq_lens: expected a last entry <= dst's 12 rows"):
+        ops.cp_gather_cache(**a)

@@ -254,7 +254,11 @@ def check_bounds_on_host(
         cu_dev = cu.to(dev)
         live = rows < cu_dev[seq + 1]
     else:
-        rows = torch.arange(int(cu[0]), min(int(cu[-1]), num_rows), device=dev)
+        if int(cu[-1]) > num_rows:
+            raise ValueError(
+                f"cu_seq_lens: expected a last entry <= dst's {num_rows} rows, got {int(cu[-1])}"
+            )
+        rows = torch.arange(int(cu[0]), int(cu[-1]), device=dev)
         seq = torch.searchsorted(cu.to(dev), rows, right=True) - 1
         cu_dev = cu.to(dev)
         live = torch.ones_like(rows, dtype=torch.bool)
@@ -283,6 +287,8 @@ def check_bounds_on_host(
 
 
 _GATHER_LAUNCHER = CachedLauncher(_kv_gather_kernel)
+# Whether Triton's CPU interpreter runs the kernel (TRITON_INTERPRET=1 when it was defined).
+INTERPRETED = not isinstance(_kv_gather_kernel, triton.runtime.JITFunction)
 
 
 def launch_kv_gather(
