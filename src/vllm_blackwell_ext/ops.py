@@ -173,9 +173,7 @@ def _validate_gather(
                 src_cache.dtype,
             )
     batch = block_table.shape[0] if isinstance(block_table, torch.Tensor) else 0
-    _check_common(
-        src_cache, dst, block_table, cu_seq_lens, batch, "block_table's rows", seq_starts
-    )
+    _check_common(src_cache, dst, block_table, cu_seq_lens, batch, "block_table's rows", seq_starts)
     _check_index("token_to_seq", token_to_seq, src_cache.device, 1)
     if token_to_seq.numel() < num_tokens:
         fail(

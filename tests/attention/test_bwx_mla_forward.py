@@ -36,7 +36,7 @@ from vllm.config import (  # noqa: E402
     set_current_vllm_config,
 )
 from vllm.model_executor.layers.attention.mla_attention import reorg_kvcache  # noqa: E402
-from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
+from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadata  # noqa: E402
 from vllm.v1.attention.backends.mla.prefill.cpu_sdpa import (  # noqa: E402
     CPUSDPAMLAPrefillBackend,
 )
@@ -764,3 +764,41 @@ def context_and_new_rows(rows: list[torch.Tensor], latents) -> list[torch.Tensor
         new = torch.cat((kv_c[-n:], k_pe[-n:].squeeze(1)), -1).float()
         out.append(torch.cat((r[: r.shape[0] - n], new)))
     return out
+
+
+@pytest.mark.parametrize(
+    ("spec_tokens", "dcp", "want"),
+    [
+        (0, None, AttentionCGSupport.UNIFORM_BATCH),
+        (7, None, AttentionCGSupport.UNIFORM_BATCH),  # verify blocks of 8: the kernel's widest
+        (8, None, AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE),
+        (0, (2, 0, 1), AttentionCGSupport.UNIFORM_BATCH),
+        # DCP: vLLM's MLA builder decodes single tokens only, verify blocks run as prefills
+        (1, (2, 0, 1), AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE),
+    ],
+)
+def test_full_graphs_capture_only_batches_the_builder_decodes(model_config, spec_tokens, dcp, want):
+    """What get_cudagraph_support lets vLLM capture as full decode graphs must build as a
+    decode batch: uniform blocks of the widest query the builder sends to decode."""
+    with mla_setup(model_config, "bfloat16", spec_tokens=spec_tokens, dcp=dcp) as (b, impl, _):
+        support = BwxMLAMetadataBuilder.get_cudagraph_support(b.vllm_config, b.kv_cache_spec)
+        assert support == want
+        width = 1 + spec_tokens if support == AttentionCGSupport.UNIFORM_BATCH else 1
+        assert width <= b.reorder_batch_threshold
+        seq_lens = [40, 70]
+        cache = PagedCache(impl, "bfloat16", random_latents(seq_lens, seed=1), 16, dcp=dcp)
+        local = None
+        if dcp is not None:
+            local = torch.tensor(cache.local_lens, dtype=torch.int32)
+        cm = common_metadata([width] * 2, seq_lens, cache.block_table, 16, local)
+        md = b.build_for_cudagraph_capture(cm)
+        assert md.num_decodes == 2 and md.num_prefills == 0
+
+
+def test_latent_split_the_kernel_lacks_is_refused_when_the_layer_is_built(tmp_path):
+    # 448 + 128 is 576 wide like DeepSeek's 512 + 64, which the selector sees, but the kernel
+    # is built for 512 + 64 and 256 + 32: refuse at construction, not at the first decode.
+    config = make_model_config(write_config(tmp_path, 448, 128))
+    with pytest.raises(ValueError, match=r"kv_lora_rank/qk_rope_head_dim: .* got 448 \+ 128"):
+        with mla_setup(config, "bfloat16", dims=(448, 128)):
+            pass

@@ -65,6 +65,7 @@ from vllm_blackwell_ext.attention.jit_warmup import (
 from vllm_blackwell_ext.kernels import device as kernel_device
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
 from vllm_blackwell_ext.kernels.mla_decode import (
+    SUPPORTED_LATENT,
     MlaDecodeWorkspace,
     mla_decode,
     plan_mla_decode,
@@ -75,7 +76,7 @@ from vllm_blackwell_ext.vllm_compat import mla_kv_update_takes_skip_scale
 logger = init_logger(__name__)
 
 # Latent widths the decode kernel is built for: kv_lora_rank + qk_rope_head_dim.
-SUPPORTED_LATENT_WIDTHS: tuple[int, ...] = (576, 288)
+SUPPORTED_LATENT_WIDTHS: tuple[int, ...] = tuple(r + e for r, e in SUPPORTED_LATENT.items())
 # The kernel's limit on query rows per request (MTP / spec-verify blocks, causal within).
 MAX_DECODE_QUERY_LEN = 8
 MIN_CAPABILITY = DeviceCapability(*kernel_device.MIN_CAPABILITY)
@@ -127,7 +128,13 @@ class BwxMLAMetadataBuilder(MLACommonMetadataBuilder[BwxMLAMetadata]):
     def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
         # Verify blocks wider than the kernel's rows run as prefills (see __init__), so
         # uniform multi-token batches of that width must not be captured as decodes.
-        if max_decode_query_len(vllm_config) > MAX_DECODE_QUERY_LEN:
+        query_len = max_decode_query_len(vllm_config)
+        if query_len > MAX_DECODE_QUERY_LEN:
+            return AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+        # Under decode context parallelism vLLM's MLA builder decodes single tokens only (its
+        # reorder threshold is 1 unless a builder declares DCP with varlen queries): verify
+        # blocks run as prefills there, and capturing them as decodes fails an assertion.
+        if query_len > 1 and vllm_config.parallel_config.decode_context_parallel_size > 1:
             return AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
         return cls._cudagraph_support
 
@@ -360,12 +367,12 @@ class BwxMLAImpl(MLACommonImpl[BwxMLAMetadata]):
     ) -> None:
         # Refuse what the kernel lacks before any setup (the CPU-engine route reaches here
         # without vLLM's backend validation).
-        latent = mla_args["kv_lora_rank"] + mla_args["qk_rope_head_dim"]
-        if latent not in SUPPORTED_LATENT_WIDTHS:
+        rank, rope = mla_args["kv_lora_rank"], mla_args["qk_rope_head_dim"]
+        if SUPPORTED_LATENT.get(rank) != rope:
+            pairs = " or ".join(f"{r} + {e}" for r, e in SUPPORTED_LATENT.items())
             raise ValueError(
-                f"head_size: BWX_MLA needs kv_lora_rank + qk_rope_head_dim in "
-                f"{SUPPORTED_LATENT_WIDTHS}, got {mla_args['kv_lora_rank']} + "
-                f"{mla_args['qk_rope_head_dim']}"
+                f"kv_lora_rank/qk_rope_head_dim: BWX_MLA decodes latents of {pairs}, "
+                f"got {rank} + {rope}"
             )
         if kv_cache_dtype not in BwxMLABackend.supported_kv_cache_dtypes:
             raise ValueError(
@@ -509,9 +516,10 @@ class BwxMLAImpl(MLACommonImpl[BwxMLAMetadata]):
             token_to_seq = chunk.token_to_seq
         if workspace.dtype == kv_c_and_k_pe_cache.dtype == current_platform.fp8_dtype():
             # fp8 prefill attention (vLLM's use_prefill_query_quantization): raw fp8 rows.
+            # The rows this chunk fills, as vLLM passes them: the kernel's grid covers dst.
             torch.ops.vllm_blackwell_ext.cp_gather_cache(
                 kv_c_and_k_pe_cache,
-                workspace,
+                workspace[:rows],
                 block_table,
                 cu_seq_lens,
                 chunk.num_requests,
