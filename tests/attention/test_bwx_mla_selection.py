@@ -239,7 +239,7 @@ def test_on_an_amx_host_the_cpu_routes_still_pick_what_the_tests_name(monkeypatc
 @pytest.mark.parametrize(
     ("overrides", "argument"),
     [
-        ({"kv_lora_rank": 448}, "head_size"),
+        ({"kv_lora_rank": 448}, "kv_lora_rank/qk_rope_head_dim"),
         ({"kv_cache_dtype": "fp8_ds_mla"}, "kv_cache_dtype"),
         ({"kv_cache_dtype": "fp8_e5m2"}, "kv_cache_dtype"),
     ],
