@@ -163,6 +163,7 @@ def ours_fn(c: Case, x: Inputs, **kw):
 
     fn.splits = splits  # type: ignore[attr-defined]
     fn.cfg = cfg  # type: ignore[attr-defined]
+    fn.out = out  # type: ignore[attr-defined]
     return fn
 
 
