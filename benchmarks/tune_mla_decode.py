@@ -33,7 +33,7 @@ sys.path[:0] = [str(REPO), str(REPO / "src")]  # run from a checkout: `benchmark
 import torch
 import triton
 
-from vllm_blackwell_ext.kernels.device import SMEM_LIMIT_BY_CAPABILITY
+from vllm_blackwell_ext.kernels.device import MIN_FP8_CAPABILITY, SMEM_LIMIT_BY_CAPABILITY
 from vllm_blackwell_ext.kernels.mla_decode_configs import (
     MLA_DECODE_CONFIGS,
     ROW_TILES,
@@ -56,12 +56,9 @@ CURATED: dict[tuple[str, int], list[MlaDecodeConfig]] = {
     ("bf16", 32): [_C(32, 64, 8, 3), _C(16, 64, 4, 3), _C(32, 32, 8, 3), _C(32, 64, 8, 4)],
     ("bf16", 64): [_C(64, 16, 8, 3), _C(64, 32, 8, 2), _C(32, 64, 8, 3), _C(16, 64, 4, 3),
                    _C(64, 32, 8, 3)],
-    ("fp8", 16): [_C(16, 32, 8, 4, reload_v=True), _C(16, 64, 8, 3, reload_v=True),
-                  _C(16, 32, 8, 4), _C(16, 64, 8, 3), _C(16, 32, 4, 4, reload_v=True)],
-    ("fp8", 32): [_C(32, 32, 8, 3, reload_v=True), _C(16, 32, 8, 4, reload_v=True),
-                  _C(32, 64, 8, 3, reload_v=True)],
-    ("fp8", 64): [_C(32, 32, 8, 3, reload_v=True), _C(16, 32, 8, 4, reload_v=True),
-                  _C(64, 32, 8, 2, reload_v=True)],
+    ("fp8", 16): [_C(16, 32, 4, 5), _C(16, 64, 8, 5), _C(16, 128, 8, 4), _C(16, 32, 8, 6)],
+    ("fp8", 32): [_C(32, 32, 4, 5), _C(32, 64, 8, 5), _C(16, 32, 4, 5)],
+    ("fp8", 64): [_C(32, 32, 4, 5), _C(32, 64, 8, 5), _C(64, 32, 8, 3)],
 }  # fmt: skip
 
 
@@ -72,11 +69,10 @@ def candidates(tag: str, tile: int, full: bool = False) -> list[MlaDecodeConfig]
     for bm in sorted({16, tile}):
         for bn in (16, 32, 64):
             for warps in (4, 8):
-                for stages in (2, 3, 4):
+                for stages in (2, 3, 4, 5):
                     if bm * R // (warps * 32) > 160:  # fp32 accumulator registers alone: spills
                         continue
-                    for reload_v in (False, True) if tag == "fp8" else (False,):
-                        out.append(MlaDecodeConfig(bm, bn, warps, stages, reload_v=reload_v))
+                    out.append(MlaDecodeConfig(bm, bn, warps, stages))
     return out
 
 
@@ -199,7 +195,7 @@ def _format_entry(device_class: str, entry: dict[str, dict[int, MlaDecodeConfig]
         for t, c in by_tile.items():
             lines.append(
                 f"            {t}: C({c.block_m}, {c.block_n}, {c.num_warps}, {c.num_stages}, "
-                f"{c.ctas_per_sm}, {c.min_split_keys}{', True' if c.reload_v else ''}),"
+                f"{c.ctas_per_sm}, {c.min_split_keys}),"
             )
         lines.append("        },")
     lines.append("    },")
@@ -226,9 +222,13 @@ def compile_offline(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from vllm_blackwell_ext.kernels.mla_decode import SUPPORTED_LATENT, _mla_decode_split_kernel
+    from vllm_blackwell_ext.kernels.mla_decode import (
+        SUPPORTED_LATENT,
+        _mla_decode_split_fp8_kernel,
+        _mla_decode_split_kernel,
+    )
 
-    k = _mla_decode_split_kernel
+    k = _mla_decode_split_fp8_kernel if fp8 else _mla_decode_split_kernel
     ptrs = {"Q": "*bf16", "KV": "*fp8e4nv" if fp8 else "*bf16", "BT": "*i32", "SEQ": "*i32",
             "KSCALE": "*fp32", "O_PART": "*fp32", "L_PART": "*fp32", "OUT": "*bf16",
             "LSE": "*fp32"}  # fmt: skip
@@ -248,8 +248,6 @@ def compile_offline(
         SINGLE_SPLIT=False,
         HAS_LSE=True,
         DOT_DTYPE=tl.float16 if fp8 else tl.bfloat16,
-        RELOAD_V=cfg.reload_v,
-        PRESCALE_Q=fp8,
     )
     sig |= {n: "constexpr" for n in consts}
     # The JIT marks 16-byte-aligned pointers and strides divisible by 16; without that the
@@ -280,7 +278,7 @@ def check_offline(classes: list[str]) -> int:
         cap = CLASS_CAPABILITY[cls]
         limit = SMEM_LIMIT_BY_CAPABILITY[cap]
         seen = set()
-        for tag in ("bf16", "fp8"):
+        for tag in ("bf16", "fp8") if cap >= MIN_FP8_CAPABILITY else ("bf16",):
             for tile in ROW_TILES:
                 cfg = _table_entry(cls, tag, tile)
                 for rank in (512, 256):

@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -228,7 +231,8 @@ def test_causal_rows_see_only_their_prefix_and_noncausal_rows_see_all(device):
     _assert_close(*_run(case, num_splits=2, causal=False))
 
 
-def test_strided_cache_view_is_read_through_its_strides(device):
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_strided_cache_view_is_read_through_its_strides(device, fp8):
     case = _make_case(
         device=device,
         kv_lora_rank=256,
@@ -236,7 +240,7 @@ def test_strided_cache_view_is_read_through_its_strides(device):
         seq_lens=[33],
         query_len=1,
         block_size=16,
-        fp8=False,
+        fp8=fp8,
         seed=3,
         strided_cache=True,
     )
@@ -309,6 +313,7 @@ def test_splits_past_a_short_request_are_neither_written_nor_read(device):
         (dict(query_len=9), ValueError, "query_len"),
         (dict(seq_lens_int64=True), TypeError, "seq_lens"),
         (dict(kv_fp16=True), TypeError, "kv_cache"),
+        (dict(fp8_odd_stride=True), ValueError, "kv_cache: expected .*even page and token"),
     ],
 )
 def test_bad_input_is_refused_naming_the_argument(device, change, exc, match):
@@ -331,6 +336,11 @@ def test_bad_input_is_refused_naming_the_argument(device, change, exc, match):
         seq = seq.long()
     if change.get("kv_fp16"):
         kv = kv.half()
+    if change.get("fp8_odd_stride"):
+        # Rows 289 bytes apart: the fp8 kernel's 16-bit pairs would straddle two tokens.
+        wide = torch.zeros(kv.shape[0], kv.shape[1], kv.shape[2] + 1, device=device)
+        kv = wide.to(torch.float8_e4m3fn)[..., : kv.shape[2]]
+        scale = torch.tensor([1.0], device=device)
     out = torch.empty(q.shape[0], q.shape[1], 256, dtype=q.dtype, device=device)
     with pytest.raises(exc, match=match):
         mla_decode(
@@ -375,6 +385,23 @@ def test_config_table_covers_every_device_class_and_row_tile():
             for rows, cfg in MLA_DECODE_CONFIGS[cls][tag].items():
                 assert cfg.block_m <= max(rows, 16) and cfg.block_n >= 16
     assert CPU_DEVICE_INFO.device_class == "cpu"
+
+
+@pytest.mark.parametrize("device_class", ["sm80", "sm89", "sm90", "sm100", "sm120"])
+def test_table_entries_compile_within_their_class_shared_memory(device_class):
+    """Each entry compiled offline for its architecture (Triton's bundled ptxas, no GPU): one
+    over the class's per-block shared memory would fail at its first launch on that part.
+    In a subprocess: under TRITON_INTERPRET the kernels are interpreter objects, not compilable.
+    """
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(repo / "src"), str(repo), env.get("PYTHONPATH", "")])
+    run = subprocess.run(
+        [sys.executable, "benchmarks/tune_mla_decode.py", "--check", device_class],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert f"{device_class} fp8" in run.stdout or device_class == "sm80", run.stdout
 
 
 # ------------------------------------------------------------------------ GPU (real size) ----

@@ -14,9 +14,11 @@ each KV tile, and the kernel is built around that:
   log-sum-exp (one split writes the output directly and skips the merge); splits past a
   request's keys are skipped by both, so a CUDA graph captured with the longest context's
   split count stays cheap when it replays short contexts;
-- an fp8 e4m3 cache is loaded as fp8 (half the bytes) and widened in registers to fp16 (one
-  instruction per pair; bf16 would take several), the query pre-scaled into fp16's range; the
-  per-tensor scale is folded into the query and the final output, not into every element;
+- an fp8 e4m3 cache has its own split kernel: each tile is loaded once as fp8 (half the
+  bytes), viewed as 16-bit pairs of columns so both products read it from shared memory with
+  ldmatrix, and widened in registers to fp16 (a byte permute and one convert per two values),
+  the query pre-scaled into fp16's range; the per-tensor scale is folded into the query and
+  the final output, not into every element;
 - query_len up to 8 rows per request (MTP / speculative verification), causal within the rows;
 - capture-safe: with a preallocated `MlaDecodeWorkspace` and a given `num_splits`, `mla_decode`
   neither allocates nor synchronises with the host.
@@ -55,6 +57,87 @@ def _store_rows(PTR, row_off, offs_c, vals, row_ok):
         vals.to(PTR.dtype.element_ty),
         mask=row_ok[:, None],
     )
+
+
+@triton.jit
+def _split_program(
+    SEQ, num_heads, query_len, num_splits, num_row_groups,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+):  # fmt: skip
+    """This program's request, rows and key range [start, end) (both split kernels).
+
+    Row tiles of the same (request, split) are adjacent in launch order, so a KV tile read by
+    the first row tile is still in L2 for the next one (128 heads = two 64-row tiles).
+    """
+    pid = tl.program_id(0)
+    rg = pid % num_row_groups
+    rest = pid // num_row_groups
+    split = rest % num_splits
+    b = rest // num_splits
+
+    seq_len = tl.load(SEQ + b)
+    rows = rg * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < query_len * num_heads
+    tok_in_req = rows // num_heads
+    head = rows % num_heads
+    tok = b * query_len + tok_in_req
+    if CAUSAL:
+        # Row j of a request sees keys [0, seq_len - query_len + j].
+        limit = seq_len - query_len + 1 + tok_in_req
+    else:
+        limit = tl.zeros([BLOCK_M], dtype=tl.int32) + seq_len
+
+    # Splits are whole tiles long, so only a split's last tile is ragged.
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+    return b, split, seq_len, row_ok, head, tok, limit, start, end
+
+
+@triton.jit
+def _softmax_step(s, m_i, l_i, offs_n, n_ok, limit):
+    """Online-softmax update for one key tile of log2-scaled scores `s`: (p, alpha, m, l)."""
+    valid = (offs_n[None, :] < limit[:, None]) & n_ok[None, :]
+    s = tl.where(valid, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # A row with no visible key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def _finish_rows(
+    m_i, l_i, k_scale, split, row_ok, head, tok, O_PART, L_PART, OUT, LSE,
+    stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, stride_ot, stride_oh, stride_lse_t,
+    HAS_SCALE: tl.constexpr, SINGLE_SPLIT: tl.constexpr, HAS_LSE: tl.constexpr,
+):  # fmt: skip
+    """Writes the rows' log-sum-exp; returns (output base, row offsets, 1 / l) for the values.
+
+    One split writes `OUT` (and the natural-log LSE); several write normalised partials and
+    their log2-sum-exps for the merge. A row that saw no key gets 0 and -inf.
+    """
+    has_keys = l_i > 0.0
+    inv_l = tl.where(has_keys, 1.0 / tl.where(has_keys, l_i, 1.0), 0.0)
+    if HAS_SCALE:
+        inv_l = inv_l * k_scale
+    lse2 = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+    if SINGLE_SPLIT:
+        dst = OUT
+        row_off = tok.to(tl.int64) * stride_ot + head * stride_oh
+        if HAS_LSE:
+            # Natural log for callers (DCP merges): ln(x) = log2(x) * ln(2).
+            tl.store(
+                LSE + tok.to(tl.int64) * stride_lse_t + head, lse2 * 0.6931471805599453, mask=row_ok
+            )
+    else:
+        dst = O_PART
+        row_off = tok.to(tl.int64) * stride_pt + head * stride_ph + split * stride_ps
+        tl.store(
+            L_PART + tok.to(tl.int64) * stride_lt + head * stride_lh + split, lse2, mask=row_ok
+        )
+    return dst, row_off, inv_l
 
 
 # Per-batch ints are not specialised on: a new batch shape never recompiles.
@@ -101,39 +184,16 @@ def _mla_decode_split_kernel(
     SINGLE_SPLIT: tl.constexpr,
     HAS_LSE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # q's dtype on GPUs; fp32 under the interpreter (see launcher)
-    RELOAD_V: tl.constexpr,  # read each KV tile twice (QK^T, then P @ V); see the loop
-    PRESCALE_Q: tl.constexpr,  # fold the score scale into q before the (fp16) dot
 ):
+    """Split kernel of a 16-bit (bf16 / fp16) cache."""
     # The latent width is handled as four column chunks (q0..q3, k0..k3, acc0..acc3) rather
     # than one [*, R] tile: a tensor-core operand is held whole in each warp's registers, and a
     # full [BLOCK_M, 512] query operand alone would take 128 registers per thread (spills).
     # Chunks keep each operand at a quarter of that while every KV tile still crosses HBM once.
     DC: tl.constexpr = R // 4
-
-    # Row tiles of the same (request, split) are adjacent in launch order, so a KV tile read by
-    # the first row tile is still in L2 for the next one (128 heads = two 64-row tiles).
-    pid = tl.program_id(0)
-    rg = pid % num_row_groups
-    rest = pid // num_row_groups
-    split = rest % num_splits
-    b = rest // num_splits
-
-    seq_len = tl.load(SEQ + b)
-    rows = rg * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < query_len * num_heads
-    tok_in_req = rows // num_heads
-    head = rows % num_heads
-    tok = b * query_len + tok_in_req
-    if CAUSAL:
-        # Row j of a request sees keys [0, seq_len - query_len + j].
-        limit = seq_len - query_len + 1 + tok_in_req
-    else:
-        limit = tl.zeros([BLOCK_M], dtype=tl.int32) + seq_len
-
-    # Splits are whole tiles long, so only a split's last tile is ragged.
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * split_len
-    end = tl.minimum(start + split_len, seq_len)
+    b, split, seq_len, row_ok, head, tok, limit, start, end = _split_program(
+        SEQ, num_heads, query_len, num_splits, num_row_groups, BLOCK_M, BLOCK_N, CAUSAL
+    )
     if not SINGLE_SPLIT:
         # A graph captured for the longest context replays its split count at every length:
         # splits past a short request's keys write nothing, and the merge reads only the
@@ -145,25 +205,16 @@ def _mla_decode_split_kernel(
     offs_p = tl.arange(0, P)
     q_row = tok.to(tl.int64) * stride_qt + head * stride_qh
     qm = row_ok[:, None]
-
     scale = qk_scale_log2
+    k_scale = 1.0
     if HAS_SCALE:
         k_scale = tl.load(KSCALE)
         scale = scale * k_scale
-    # With PRESCALE_Q the scores come out of the dot already in log2 units. That keeps the
-    # bf16 query's range in fp16 (the fp8 path's operand type): softmax_scale * k_scale is ~0.1
-    # shrinks it, and only |q| beyond ~65504 / scale would overflow.
-    q_mul = scale if PRESCALE_Q else 1.0
-    q0 = tl.load(Q + q_row[:, None] + offs_c[None, :], mask=qm, other=0.0)
-    q1 = tl.load(Q + q_row[:, None] + DC + offs_c[None, :], mask=qm, other=0.0)
-    q2 = tl.load(Q + q_row[:, None] + 2 * DC + offs_c[None, :], mask=qm, other=0.0)
-    q3 = tl.load(Q + q_row[:, None] + 3 * DC + offs_c[None, :], mask=qm, other=0.0)
-    qp = tl.load(Q + q_row[:, None] + R + offs_p[None, :], mask=qm, other=0.0)
-    q0 = (q0.to(tl.float32) * q_mul).to(DOT_DTYPE)
-    q1 = (q1.to(tl.float32) * q_mul).to(DOT_DTYPE)
-    q2 = (q2.to(tl.float32) * q_mul).to(DOT_DTYPE)
-    q3 = (q3.to(tl.float32) * q_mul).to(DOT_DTYPE)
-    qp = (qp.to(tl.float32) * q_mul).to(DOT_DTYPE)
+    q0 = tl.load(Q + q_row[:, None] + offs_c[None, :], mask=qm, other=0.0).to(DOT_DTYPE)
+    q1 = tl.load(Q + q_row[:, None] + DC + offs_c[None, :], mask=qm, other=0.0).to(DOT_DTYPE)
+    q2 = tl.load(Q + q_row[:, None] + 2 * DC + offs_c[None, :], mask=qm, other=0.0).to(DOT_DTYPE)
+    q3 = tl.load(Q + q_row[:, None] + 3 * DC + offs_c[None, :], mask=qm, other=0.0).to(DOT_DTYPE)
+    qp = tl.load(Q + q_row[:, None] + R + offs_p[None, :], mask=qm, other=0.0).to(DOT_DTYPE)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -178,9 +229,6 @@ def _mla_decode_split_kernel(
         n_ok = offs_n < end
         page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
         kv_row = page * stride_kv_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_kv_tok
-        # Masked keys read as 0: an unwritten cache slot may hold fp8 NaN patterns, and
-        # 0 * NaN in the P @ V product would poison the row. fp8 widens exactly to bf16; its
-        # scale is applied to the scores and the output, not to every element.
         kp = KV + kv_row[:, None]
         km = n_ok[:, None]
         k0 = tl.load(kp + offs_c[None, :], mask=km, other=0.0).to(DOT_DTYPE)
@@ -194,60 +242,203 @@ def _mla_decode_split_kernel(
         s = tl.dot(q2, tl.trans(k2), s)
         s = tl.dot(q3, tl.trans(k3), s)
         s = tl.dot(qp, tl.trans(kr), s)
-        if not PRESCALE_Q:
-            s = s * scale
-        valid = (offs_n[None, :] < limit[:, None]) & n_ok[None, :]
-        s = tl.where(valid, s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A row with no visible key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_i, l_i = _softmax_step(s * scale, m_i, l_i, offs_n, n_ok, limit)
         pd = p.to(DOT_DTYPE)
-        if RELOAD_V:
-            # Second read of the tile (from L2) for the value product: with one use per load,
-            # each stays a pipelined async copy, where one load feeding two fp8 widenings is
-            # read synchronously and keeps both widened copies in registers. The cache hint
-            # differs so the compiler does not merge the two loads.
-            k0 = tl.load(kp + offs_c[None, :], mask=km, other=0.0, cache_modifier=".ca")
-            k1 = tl.load(kp + DC + offs_c[None, :], mask=km, other=0.0, cache_modifier=".ca")
-            k2 = tl.load(kp + 2 * DC + offs_c[None, :], mask=km, other=0.0, cache_modifier=".ca")
-            k3 = tl.load(kp + 3 * DC + offs_c[None, :], mask=km, other=0.0, cache_modifier=".ca")
-            k0 = k0.to(DOT_DTYPE)
-            k1 = k1.to(DOT_DTYPE)
-            k2 = k2.to(DOT_DTYPE)
-            k3 = k3.to(DOT_DTYPE)
         acc0 = tl.dot(pd, k0, acc0 * alpha[:, None])
         acc1 = tl.dot(pd, k1, acc1 * alpha[:, None])
         acc2 = tl.dot(pd, k2, acc2 * alpha[:, None])
         acc3 = tl.dot(pd, k3, acc3 * alpha[:, None])
-        m_i = m_new
 
-    has_keys = l_i > 0.0
-    inv_l = tl.where(has_keys, 1.0 / tl.where(has_keys, l_i, 1.0), 0.0)
-    if HAS_SCALE:
-        inv_l = inv_l * k_scale
-    lse2 = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-    if SINGLE_SPLIT:
-        dst = OUT
-        row_off = tok.to(tl.int64) * stride_ot + head * stride_oh
-        if HAS_LSE:
-            # Natural log for callers (DCP merges): ln(x) = log2(x) * ln(2).
-            tl.store(
-                LSE + tok.to(tl.int64) * stride_lse_t + head, lse2 * 0.6931471805599453, mask=row_ok
-            )
-    else:
-        dst = O_PART
-        row_off = tok.to(tl.int64) * stride_pt + head * stride_ph + split * stride_ps
-        tl.store(
-            L_PART + tok.to(tl.int64) * stride_lt + head * stride_lh + split, lse2, mask=row_ok
-        )
+    dst, row_off, inv_l = _finish_rows(
+        m_i, l_i, k_scale, split, row_ok, head, tok, O_PART, L_PART, OUT, LSE,
+        stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, stride_ot, stride_oh,
+        stride_lse_t, HAS_SCALE, SINGLE_SPLIT, HAS_LSE,
+    )  # fmt: skip
     _store_rows(dst, row_off, offs_c, acc0 * inv_l[:, None], row_ok)
     _store_rows(dst, row_off + DC, offs_c, acc1 * inv_l[:, None], row_ok)
     _store_rows(dst, row_off + 2 * DC, offs_c, acc2 * inv_l[:, None], row_ok)
     _store_rows(dst, row_off + 3 * DC, offs_c, acc3 * inv_l[:, None], row_ok)
+
+
+@triton.jit
+def _widen(pairs, SELECT: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """One byte of each 16-bit pair of e4m3 values, widened: the low bytes (SELECT 0) or the
+    high ones (1).
+
+    On the GPU, two pairs at a time: one byte permute gathers the chosen bytes and one
+    convert widens both (e4m3x2 -> f16x2, sm89+, the floor of fp8 caches); what Triton emits
+    for the same shifts and bitcasts takes about twice the instructions, and this loop is bound
+    by instruction issue. The interpreter (no inline asm) takes the shifts.
+    """
+    if DOT_DTYPE == tl.float16:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 t; .reg .b16 lo, hi;\n"
+            f"prmt.b32 t, $1, 0, {0x20 + 0x11 * SELECT};\n"
+            "mov.b32 {lo, hi}, t;\n"
+            "cvt.rn.f16x2.e4m3x2 $0, lo; }",
+            "=r,r",
+            [pairs],
+            dtype=tl.float16,
+            is_pure=True,
+            pack=2,
+        )
+    return (pairs >> (8 * SELECT)).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
+
+
+@triton.jit
+def _scaled_q(ptrs, mask, q_mul, DOT_DTYPE: tl.constexpr):
+    return (tl.load(ptrs, mask=mask, other=0.0).to(tl.float32) * q_mul).to(DOT_DTYPE)
+
+
+@triton.jit(
+    do_not_specialize=["query_len", "num_splits", "num_row_groups", "stride_lt", "stride_lh"]
+)
+def _mla_decode_split_fp8_kernel(
+    Q,
+    KV,
+    BT,
+    SEQ,
+    KSCALE,
+    O_PART,
+    L_PART,
+    OUT,
+    LSE,
+    stride_qt,
+    stride_qh,
+    stride_kv_page,
+    stride_kv_tok,
+    stride_bt,
+    stride_pt,
+    stride_ph,
+    stride_ps,
+    stride_lt,
+    stride_lh,
+    stride_ot,
+    stride_oh,
+    stride_lse_t,
+    qk_scale_log2,
+    num_heads,
+    query_len,
+    num_splits,
+    num_row_groups,
+    R: tl.constexpr,
+    P: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr,
+    HAS_LSE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,  # fp16 on GPUs; fp32 under the interpreter
+):
+    """Split kernel of an fp8 e4m3 cache: the arguments of `_mla_decode_split_kernel`.
+
+    Each KV tile is read once, as 16-bit pairs of neighbouring latent columns (2i, 2i + 1). As
+    fp8 elements, the value tile's reduction axis (keys) is not its contiguous one, and Triton
+    reads such a tensor-core operand from shared memory a byte at a time; as 16-bit elements
+    it is loaded with ldmatrix in either operand order. A pair's low and high bytes widen
+    (`_widen`) to the even and odd columns, so both products run as two half-width dots: q's
+    even and odd columns against them for QK^T, and even and odd accumulators for P @ V,
+    interleaved again when stored. The per-tensor scale is folded into q and the output.
+    """
+    HC: tl.constexpr = R // 8  # pairs per column chunk (chunks as in the 16-bit kernel)
+    HP: tl.constexpr = P // 2
+    b, split, seq_len, row_ok, head, tok, limit, start, end = _split_program(
+        SEQ, num_heads, query_len, num_splits, num_row_groups, BLOCK_M, BLOCK_N, CAUSAL
+    )
+    if not SINGLE_SPLIT:
+        if start >= seq_len:
+            return  # as in the 16-bit kernel
+
+    offs_h = tl.arange(0, HC)
+    offs_hp = tl.arange(0, HP)
+    q_row = tok.to(tl.int64) * stride_qt + head * stride_qh
+    qm = row_ok[:, None]
+    scale = qk_scale_log2
+    k_scale = 1.0
+    if HAS_SCALE:
+        k_scale = tl.load(KSCALE)
+        scale = scale * k_scale
+    # The score scale is folded into q, so the dots give log2-unit scores directly. That keeps
+    # a bf16 query's range in fp16: softmax_scale * k_scale ~ 0.1 shrinks it, and only |q|
+    # beyond ~65504 / scale would overflow.
+    qe = Q + q_row[:, None] + 2 * offs_h[None, :]
+    qre = Q + q_row[:, None] + R + 2 * offs_hp[None, :]
+    q0e = _scaled_q(qe, qm, scale, DOT_DTYPE)
+    q0o = _scaled_q(qe + 1, qm, scale, DOT_DTYPE)
+    q1e = _scaled_q(qe + 2 * HC, qm, scale, DOT_DTYPE)
+    q1o = _scaled_q(qe + 2 * HC + 1, qm, scale, DOT_DTYPE)
+    q2e = _scaled_q(qe + 4 * HC, qm, scale, DOT_DTYPE)
+    q2o = _scaled_q(qe + 4 * HC + 1, qm, scale, DOT_DTYPE)
+    q3e = _scaled_q(qe + 6 * HC, qm, scale, DOT_DTYPE)
+    q3o = _scaled_q(qe + 6 * HC + 1, qm, scale, DOT_DTYPE)
+    qre_ = _scaled_q(qre, qm, scale, DOT_DTYPE)
+    qro_ = _scaled_q(qre + 1, qm, scale, DOT_DTYPE)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc0e = tl.zeros([BLOCK_M, HC], dtype=tl.float32)
+    acc0o = tl.zeros([BLOCK_M, HC], dtype=tl.float32)
+    acc1e = tl.zeros([BLOCK_M, HC], dtype=tl.float32)
+    acc1o = tl.zeros([BLOCK_M, HC], dtype=tl.float32)
+    acc2e = tl.zeros([BLOCK_M, HC], dtype=tl.float32)
+    acc2o = tl.zeros([BLOCK_M, HC], dtype=tl.float32)
+    acc3e = tl.zeros([BLOCK_M, HC], dtype=tl.float32)
+    acc3o = tl.zeros([BLOCK_M, HC], dtype=tl.float32)
+    KV16 = KV.to(tl.pointer_type(tl.uint16), bitcast=True)
+
+    bt_row = BT + b.to(tl.int64) * stride_bt
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < end
+        page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+        kv_row = page * stride_kv_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_kv_tok
+        # Masked keys read as 0: an unwritten cache slot may hold fp8 NaN patterns, and
+        # 0 * NaN in the P @ V product would poison the row. (Row strides are even: 576/288.)
+        xp = KV16 + (kv_row // 2)[:, None]
+        km = n_ok[:, None]
+        x0 = tl.load(xp + offs_h[None, :], mask=km, other=0)
+        x1 = tl.load(xp + HC + offs_h[None, :], mask=km, other=0)
+        x2 = tl.load(xp + 2 * HC + offs_h[None, :], mask=km, other=0)
+        x3 = tl.load(xp + 3 * HC + offs_h[None, :], mask=km, other=0)
+        xr = tl.load(xp + 4 * HC + offs_hp[None, :], mask=km, other=0)
+
+        s = tl.dot(q0e, tl.trans(_widen(x0, 0, DOT_DTYPE)))
+        s = tl.dot(q0o, tl.trans(_widen(x0, 1, DOT_DTYPE)), s)
+        s = tl.dot(q1e, tl.trans(_widen(x1, 0, DOT_DTYPE)), s)
+        s = tl.dot(q1o, tl.trans(_widen(x1, 1, DOT_DTYPE)), s)
+        s = tl.dot(q2e, tl.trans(_widen(x2, 0, DOT_DTYPE)), s)
+        s = tl.dot(q2o, tl.trans(_widen(x2, 1, DOT_DTYPE)), s)
+        s = tl.dot(q3e, tl.trans(_widen(x3, 0, DOT_DTYPE)), s)
+        s = tl.dot(q3o, tl.trans(_widen(x3, 1, DOT_DTYPE)), s)
+        s = tl.dot(qre_, tl.trans(_widen(xr, 0, DOT_DTYPE)), s)
+        s = tl.dot(qro_, tl.trans(_widen(xr, 1, DOT_DTYPE)), s)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, offs_n, n_ok, limit)
+        pd = p.to(DOT_DTYPE)
+        acc0e = tl.dot(pd, _widen(x0, 0, DOT_DTYPE), acc0e * alpha[:, None])
+        acc0o = tl.dot(pd, _widen(x0, 1, DOT_DTYPE), acc0o * alpha[:, None])
+        acc1e = tl.dot(pd, _widen(x1, 0, DOT_DTYPE), acc1e * alpha[:, None])
+        acc1o = tl.dot(pd, _widen(x1, 1, DOT_DTYPE), acc1o * alpha[:, None])
+        acc2e = tl.dot(pd, _widen(x2, 0, DOT_DTYPE), acc2e * alpha[:, None])
+        acc2o = tl.dot(pd, _widen(x2, 1, DOT_DTYPE), acc2o * alpha[:, None])
+        acc3e = tl.dot(pd, _widen(x3, 0, DOT_DTYPE), acc3e * alpha[:, None])
+        acc3o = tl.dot(pd, _widen(x3, 1, DOT_DTYPE), acc3o * alpha[:, None])
+
+    dst, row_off, inv_l = _finish_rows(
+        m_i, l_i, k_scale, split, row_ok, head, tok, O_PART, L_PART, OUT, LSE,
+        stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, stride_ot, stride_oh,
+        stride_lse_t, HAS_SCALE, SINGLE_SPLIT, HAS_LSE,
+    )  # fmt: skip
+    even = 2 * offs_h
+    _store_rows(dst, row_off, even, acc0e * inv_l[:, None], row_ok)
+    _store_rows(dst, row_off + 1, even, acc0o * inv_l[:, None], row_ok)
+    _store_rows(dst, row_off + 2 * HC, even, acc1e * inv_l[:, None], row_ok)
+    _store_rows(dst, row_off + 2 * HC + 1, even, acc1o * inv_l[:, None], row_ok)
+    _store_rows(dst, row_off + 4 * HC, even, acc2e * inv_l[:, None], row_ok)
+    _store_rows(dst, row_off + 4 * HC + 1, even, acc2o * inv_l[:, None], row_ok)
+    _store_rows(dst, row_off + 6 * HC, even, acc3e * inv_l[:, None], row_ok)
+    _store_rows(dst, row_off + 6 * HC + 1, even, acc3o * inv_l[:, None], row_ok)
 
 
 @triton.jit
@@ -341,7 +532,8 @@ def _dot_dtype(q: torch.Tensor, kv_dtype: torch.dtype) -> tl.dtype:
     if q.device.type == "cpu":
         return tl.float32
     # fp8 e4m3 widens to fp16 in one instruction per pair (to bf16 it takes several), and
-    # e4m3 values and probabilities are exact / well inside fp16; q is pre-scaled (see kernel).
+    # e4m3 values and probabilities are exact / well inside fp16; q is pre-scaled (see the
+    # fp8 kernel).
     if kv_dtype == torch.float8_e4m3fn:
         return tl.float16
     return tl.bfloat16 if q.dtype == torch.bfloat16 else tl.float16
@@ -352,6 +544,7 @@ def _kv_tag(dtype: torch.dtype) -> str:
 
 
 _SPLIT_LAUNCHER = CachedLauncher(_mla_decode_split_kernel)
+_SPLIT_FP8_LAUNCHER = CachedLauncher(_mla_decode_split_fp8_kernel)
 _MERGE_LAUNCHER = CachedLauncher(_mla_decode_merge_kernel)
 
 
@@ -482,6 +675,16 @@ def _validate(
         fail(TypeError, "kv_cache", f"dtype {q.dtype} (q's) or torch.float8_e4m3fn", kv_cache.dtype)
     if kv_cache.stride(-1) != 1:
         fail(ValueError, "kv_cache", "a contiguous last dim", f"strides {kv_cache.stride()}")
+    if kv_cache.dtype == torch.float8_e4m3fn and (
+        kv_cache.stride(0) % 2 or kv_cache.stride(1) % 2 or kv_cache.data_ptr() % 2
+    ):
+        # The fp8 kernel reads the cache as 16-bit pairs of columns.
+        fail(
+            ValueError,
+            "kv_cache",
+            "a float8_e4m3fn cache with even page and token strides at an even address",
+            f"strides {kv_cache.stride()}",
+        )
     if kv_cache.dtype == torch.float8_e4m3fn and k_scale is None:
         fail(ValueError, "k_scale", "a 1-element float32 tensor for a float8_e4m3fn kv_cache", None)
     if k_scale is not None and (k_scale.numel() != 1 or k_scale.dtype != torch.float32):
@@ -622,17 +825,17 @@ def mla_decode(
     has_scale = k_scale is not None
     scale_arg = k_scale if has_scale else out
     grid = (row_groups * num_splits * batch, 1, 1)
-    handle = _SPLIT_LAUNCHER.launch(
+    fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    handle = (_SPLIT_FP8_LAUNCHER if fp8 else _SPLIT_LAUNCHER).launch(
         grid,
         (
             q, kv_cache, block_table, seq_lens, scale_arg, o_part, l_part, out, lse_arg,
             *q.stride()[:2], *kv_cache.stride()[:2], block_table.stride(0),
             *part_strides, *out.stride()[:2], lse_out.stride(0) if has_lse else 0,
             float(softmax_scale) * _LOG2E, num_heads, query_len, num_splits, row_groups,
-            # constexprs, in signature order: R .. PRESCALE_Q
+            # constexprs, in signature order: R .. DOT_DTYPE
             kv_lora_rank, rope_dim, kv_cache.shape[1], cfg.block_m, cfg.block_n,
-            causal, has_scale, single, has_lse, _dot_dtype(q, kv_cache.dtype), cfg.reload_v,
-            kv_cache.dtype == torch.float8_e4m3fn,
+            causal, has_scale, single, has_lse, _dot_dtype(q, kv_cache.dtype),
         ),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

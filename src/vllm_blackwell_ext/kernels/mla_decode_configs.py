@@ -27,9 +27,6 @@ class MlaDecodeConfig:
     # one split should hold before splitting more stops paying for the merge.
     ctas_per_sm: int = 2
     min_split_keys: int = 128
-    # Read each KV tile a second time (from L2) for P @ V instead of keeping it: lets the fp8
-    # path pipeline its loads and drop the widened copies from registers.
-    reload_v: bool = False
 
 
 C = MlaDecodeConfig
@@ -38,10 +35,12 @@ C = MlaDecodeConfig
 ROW_TILES: tuple[int, ...] = (16, 32, 64)
 
 # fmt: off
-# Register pressure decides most entries: a tensor-core operand is held whole per warp, and the
-# fp8 path also holds widened (fp16) copies of the tile, so fp8 wants 8 warps and re-reads the
-# tile for P @ V (reload_v). sm90/sm120 entries checked with `tune_mla_decode.py --check`
-# (compiled for that architecture: no spills, shared memory within the class's limit).
+# Register pressure decides most entries: a tensor-core operand is held whole per warp. The fp8
+# kernel's tiles are pipelined five stages deep (Triton spends one on the block-table read, so
+# fewer leave the tile a single buffer); 32 keys on 4 warps beat 64 or 128 keys on 8, and two
+# 32-row tiles beat one 64-row tile (H200, `benchmarks/results/h200-mla-split-variants.txt`).
+# Every entry compiles within its class's shared memory (`tune_mla_decode.py --check`, run by
+# the kernel tests).
 MLA_DECODE_CONFIGS: dict[str, dict[str, dict[int, MlaDecodeConfig]]] = {
     # Hopper: 227 KiB shared memory. Tuned on an H200 (tune_mla_decode.py --write).
     "sm90": {
@@ -51,31 +50,34 @@ MLA_DECODE_CONFIGS: dict[str, dict[str, dict[int, MlaDecodeConfig]]] = {
             64: C(64, 32, 8, 2, 1, 128),
         },
         "fp8": {
-            16: C(16, 64, 8, 3, 1, 128, True),
-            32: C(32, 32, 8, 3, 1, 128, True),
-            64: C(64, 32, 8, 2, 1, 128, True),
+            16: C(16, 32, 4, 5, 2, 128),
+            32: C(32, 32, 4, 5, 2, 128),
+            64: C(32, 32, 4, 5, 2, 128),
         },
     },
-    # Datacenter Blackwell: same shared-memory budget as Hopper; untuned, Hopper's choice.
+    # Datacenter Blackwell: same shared-memory budget as Hopper; untuned, Hopper's choice where
+    # it fits: Hopper's 64-row bf16 tile compiles to 262,800 B there (Triton 3.6), 16 keys
+    # fit in 168,592.
     "sm100": {
         "bf16": {16: C(16, 64, 4, 3, 2, 128), 32: C(16, 64, 4, 3, 2, 128),
-                 64: C(64, 32, 8, 2, 1, 128)},
-        "fp8":  {16: C(16, 64, 8, 3, 1, 128, True), 32: C(32, 32, 8, 3, 1, 128, True),
-                 64: C(64, 32, 8, 2, 1, 128, True)},
+                 64: C(64, 16, 8, 2, 1, 128)},
+        "fp8":  {16: C(16, 32, 4, 5, 2, 128), 32: C(32, 32, 4, 5, 2, 128),
+                 64: C(32, 32, 4, 5, 2, 128)},
     },
     # Consumer Blackwell (and sm86/sm89): 101,376 B per block.
     "sm120": {
         "bf16": {16: C(16, 32, 4, 2, 2, 128), 32: C(32, 32, 8, 2, 1, 128),
                  64: C(32, 32, 8, 2, 1, 128)},
-        "fp8":  {16: C(16, 32, 8, 3, 2, 128, True), 32: C(32, 32, 8, 2, 1, 128, True),
-                 64: C(32, 32, 8, 2, 1, 128, True)},
+        "fp8":  {16: C(16, 32, 4, 5, 2, 128), 32: C(32, 32, 4, 5, 2, 128),
+                 64: C(32, 32, 4, 5, 2, 128)},
     },
-    # A100: 163 KiB; untuned. fp8 is widened to fp16 in registers (no fp8 tensor-core path).
+    # A100: 163 KiB; untuned. fp8 caches need sm89 (`device.MIN_FP8_CAPABILITY`): its fp8 row
+    # only keeps the table whole.
     "sm80": {
         "bf16": {16: C(16, 32, 4, 3, 2, 128), 32: C(32, 32, 8, 3, 1, 128),
                  64: C(32, 32, 8, 3, 1, 128)},
-        "fp8":  {16: C(16, 32, 8, 3, 2, 128, True), 32: C(32, 32, 8, 2, 1, 128, True),
-                 64: C(32, 32, 8, 2, 1, 128, True)},
+        "fp8":  {16: C(16, 32, 4, 5, 2, 128), 32: C(32, 32, 4, 5, 2, 128),
+                 64: C(32, 32, 4, 5, 2, 128)},
     },
 }
 # fmt: on
