@@ -36,6 +36,7 @@ import triton
 from vllm_blackwell_ext.kernels.device import MIN_FP8_CAPABILITY, SMEM_LIMIT_BY_CAPABILITY
 from vllm_blackwell_ext.kernels.mla_decode_configs import (
     MLA_DECODE_CONFIGS,
+    MLA_DECODE_FEW_PROGRAM_CONFIGS,
     ROW_TILES,
     MlaDecodeConfig,
 )
@@ -184,8 +185,15 @@ def _rewrite_table(device_class: str, entry_text: str) -> None:
 
 
 def _table_entry(device_class: str, tag: str, tile: int) -> MlaDecodeConfig:
+    """The (large-batch) entry the sweep tunes."""
     table = MLA_DECODE_CONFIGS.get(device_class, MLA_DECODE_CONFIGS["default"])
     return table[tag][tile]
+
+
+def _table_entries(device_class: str, tag: str, tile: int) -> list[MlaDecodeConfig]:
+    """The entry and, where the class has one, its few-program entry."""
+    few = MLA_DECODE_FEW_PROGRAM_CONFIGS.get(device_class, {}).get(tag, {})
+    return [_table_entry(device_class, tag, tile), *([few[tile]] if tile in few else [])]
 
 
 def _format_entry(device_class: str, entry: dict[str, dict[int, MlaDecodeConfig]]) -> str:
@@ -280,20 +288,21 @@ def check_offline(classes: list[str]) -> int:
         seen = set()
         for tag in ("bf16", "fp8") if cap >= MIN_FP8_CAPABILITY else ("bf16",):
             for tile in ROW_TILES:
-                cfg = _table_entry(cls, tag, tile)
-                for rank in (512, 256):
-                    key = (tag, cfg, rank)
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                    shared, regs, stack = compile_offline(cfg, cap, tag == "fp8", rank)
-                    ok = shared <= limit
-                    bad += not ok
-                    print(
-                        f"{cls} {tag} tile {tile} latent {rank}: {cfg} shared={shared}/{limit} "
-                        f"regs={regs} stack={stack} {'ok' if ok else 'OVER LIMIT'}",
-                        flush=True,
-                    )
+                for cfg in _table_entries(cls, tag, tile):
+                    for rank in (512, 256):
+                        key = (tag, cfg, rank)
+                        if key in seen:
+                            continue
+                        seen.add(key)
+                        shared, regs, stack = compile_offline(cfg, cap, tag == "fp8", rank)
+                        ok = shared <= limit
+                        bad += not ok
+                        print(
+                            f"{cls} {tag} tile {tile} latent {rank}: {cfg} "
+                            f"shared={shared}/{limit} regs={regs} stack={stack} "
+                            f"{'ok' if ok else 'OVER LIMIT'}",
+                            flush=True,
+                        )
     return 1 if bad else 0
 
 

@@ -38,7 +38,13 @@ from vllm_blackwell_ext.kernels.mla_decode import (
     mla_decode,
     plan_mla_decode,
 )
-from vllm_blackwell_ext.kernels.mla_decode_configs import MLA_DECODE_CONFIGS, ROW_TILES
+from vllm_blackwell_ext.kernels.mla_decode_configs import (
+    FEW_PROGRAMS,
+    MLA_DECODE_CONFIGS,
+    MLA_DECODE_FEW_PROGRAM_CONFIGS,
+    ROW_TILES,
+    get_mla_decode_config,
+)
 from vllm_blackwell_ext.reference.mla_decode import mla_decode_reference
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
@@ -378,11 +384,31 @@ def test_planner_fills_the_gpu_for_one_long_and_many_short_requests():
             assert s == 1 or ws.capacity_rows >= b * q * 16 * s, (q, b, s)
 
 
+def test_few_request_launches_take_the_few_program_entry():
+    """Few requests: the split plan fills the GPU, and the class's few-program entry (fp8 on
+    Hopper) serves them; from FEW_PROGRAMS programs on, and elsewhere, the main table."""
+    few = MLA_DECODE_FEW_PROGRAM_CONFIGS["sm90"]["fp8"][16]
+    main = MLA_DECODE_CONFIGS["sm90"]["fp8"][16]
+    assert few != main
+    assert get_mla_decode_config("sm90", "fp8", 16, 1) == few
+    assert get_mla_decode_config("sm90", "fp8", 16, FEW_PROGRAMS) == few
+    assert get_mla_decode_config("sm90", "fp8", 16, FEW_PROGRAMS + 1) == main
+    assert get_mla_decode_config("sm90", "bf16", 16, 1) == MLA_DECODE_CONFIGS["sm90"]["bf16"][16]
+    assert get_mla_decode_config("sm120", "fp8", 16, 1) == MLA_DECODE_CONFIGS["sm120"]["fp8"][16]
+    # The planner and a launch given its split count agree on the config.
+    h200 = DeviceInfo("H200", (9, 0), num_sms=132, smem_per_block=232_448)
+    for batch in (1, FEW_PROGRAMS, FEW_PROGRAMS + 1, 64):
+        _, cfg = plan_mla_decode(batch, 16, 32768, 1, h200, kv_dtype=torch.float8_e4m3fn)
+        assert cfg == get_mla_decode_config("sm90", "fp8", 16, batch)
+
+
 def test_config_table_covers_every_device_class_and_row_tile():
     for cls in ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120", "default"):
         for tag in ("bf16", "fp8"):
             assert set(MLA_DECODE_CONFIGS[cls][tag]) == set(ROW_TILES), (cls, tag)
-            for rows, cfg in MLA_DECODE_CONFIGS[cls][tag].items():
+            few = MLA_DECODE_FEW_PROGRAM_CONFIGS.get(cls, {}).get(tag, {})
+            assert set(few) <= set(ROW_TILES), (cls, tag)
+            for rows, cfg in [*MLA_DECODE_CONFIGS[cls][tag].items(), *few.items()]:
                 assert cfg.block_m <= max(rows, 16) and cfg.block_n >= 16
     assert CPU_DEVICE_INFO.device_class == "cpu"
 

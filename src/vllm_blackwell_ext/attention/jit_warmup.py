@@ -26,7 +26,7 @@ from vllm.model_executor.warmup.jit_warmup import VllmJitKernel
 from vllm_blackwell_ext.kernels.device import DeviceInfo
 from vllm_blackwell_ext.kernels.kv_gather import gather_and_maybe_dequant_cache
 from vllm_blackwell_ext.kernels.mla_decode import SUPPORTED_LATENT, WIDE_MERGE_SPLITS, mla_decode
-from vllm_blackwell_ext.kernels.mla_decode_configs import get_mla_decode_config
+from vllm_blackwell_ext.kernels.mla_decode_configs import FEW_PROGRAMS, get_mla_decode_config
 from vllm_blackwell_ext.kernels.paged_attention import paged_attention
 from vllm_blackwell_ext.kernels.paged_attention_configs import (
     SPLIT_KV_MAX_QUERY_LEN,
@@ -191,46 +191,50 @@ class MlaDecodeKey:
     query_len: int  # one query length of each distinct row tile
     # 1: the one-split kernel; more: the split kernel and the merge config of that many splits
     num_splits: int
+    batch: int = 1  # requests: the config table answers by batch size too
 
 
 def mla_decode_warmup_keys(
     kind: MlaDecodeKind, max_query_len: int, info: DeviceInfo
 ) -> list[MlaDecodeKey]:
-    """Every split variant of each row-tile config decode lengths 1..max_query_len reach (one
-    split; split with each merge config): a captured graph fixes one split plan per batch
-    size, eager mixed batches plan any."""
+    """Every split variant of each config decode lengths 1..max_query_len reach, few requests
+    or many (one split; split with each merge config): a captured graph fixes one split plan
+    per batch size, eager mixed batches plan any."""
     keys, configs = [], set()
     kv_tag = "fp8" if kind.kv_dtype == torch.float8_e4m3fn else "bf16"
     for query_len in range(1, max_query_len + 1):
-        cfg = get_mla_decode_config(info.device_class, kv_tag, query_len * kind.num_heads)
-        if cfg not in configs:
-            configs.add(cfg)
-            keys += [MlaDecodeKey(kind, query_len, n) for n in (1, 2, WIDE_MERGE_SPLITS)]
+        for batch in (1, FEW_PROGRAMS + 1):
+            rows = query_len * kind.num_heads
+            cfg = get_mla_decode_config(info.device_class, kv_tag, rows, batch)
+            if cfg not in configs:
+                configs.add(cfg)
+                keys += [MlaDecodeKey(kind, query_len, n, batch) for n in (1, 2, WIDE_MERGE_SPLITS)]
     return keys
 
 
 def launch_mla_decode_warmup(key: MlaDecodeKey, device: torch.device) -> None:
-    """One request of `query_len` tokens over two pages of scratch cache."""
-    kind, q_len = key.kind, key.query_len
+    """`batch` requests of `query_len` tokens, each over the same two pages of scratch cache."""
+    kind, q_len, batch = key.kind, key.query_len, key.batch
     width = kind.kv_lora_rank + SUPPORTED_LATENT[kind.kv_lora_rank]
     int32 = {"dtype": torch.int32, "device": device}
     fp8 = kind.kv_dtype == torch.float8_e4m3fn
     cache = torch.zeros(
         (3, kind.block_size, width), dtype=torch.uint8 if fp8 else kind.kv_dtype, device=device
     ).view(kind.kv_dtype)
-    q = torch.zeros((q_len, kind.num_heads, width), dtype=kind.q_dtype, device=device)
+    tokens = batch * q_len
+    q = torch.zeros((tokens, kind.num_heads, width), dtype=kind.q_dtype, device=device)
     mla_decode(
         q,
         cache,
-        torch.tensor([[1, 2]], **int32),
-        torch.tensor([kind.block_size + q_len], **int32),
-        torch.empty((q_len, kind.num_heads, kind.kv_lora_rank), dtype=kind.q_dtype, device=device),
+        torch.tensor([[1, 2]] * batch, **int32),
+        torch.tensor([kind.block_size + q_len] * batch, **int32),
+        torch.empty((tokens, kind.num_heads, kind.kv_lora_rank), dtype=kind.q_dtype, device=device),
         softmax_scale=1.0 / math.sqrt(width),
         kv_lora_rank=kind.kv_lora_rank,
         query_len=q_len,
         k_scale=torch.ones(1, dtype=torch.float32, device=device) if fp8 else None,
         lse_out=(
-            torch.empty((q_len, kind.num_heads), dtype=torch.float32, device=device)
+            torch.empty((tokens, kind.num_heads), dtype=torch.float32, device=device)
             if kind.has_lse
             else None
         ),

@@ -565,7 +565,7 @@ def plan_mla_decode(
     `min_split_keys` keys (the merge would cost more than the parallelism gains).
     """
     rows = query_len * num_heads
-    cfg = config or get_mla_decode_config(device_info.device_class, _kv_tag(kv_dtype), rows)
+    cfg = config or get_mla_decode_config(device_info.device_class, _kv_tag(kv_dtype), rows, batch)
     row_groups = cdiv(rows, cfg.block_m)
     programs = max(1, batch * row_groups)
     target = device_info.num_sms * cfg.ctas_per_sm
@@ -786,7 +786,7 @@ def mla_decode(
         if num_splits < 1:
             fail(ValueError, "num_splits", ">= 1", num_splits)
         cfg = config or get_mla_decode_config(
-            info.device_class, _kv_tag(kv_cache.dtype), query_len * num_heads
+            info.device_class, _kv_tag(kv_cache.dtype), query_len * num_heads, batch
         )
     rows = query_len * num_heads
     row_groups = cdiv(rows, cfg.block_m)

@@ -89,6 +89,23 @@ MLA_DECODE_CONFIGS["sm121"] = MLA_DECODE_CONFIGS["sm120"]
 MLA_DECODE_CONFIGS["default"] = MLA_DECODE_CONFIGS["sm120"]
 
 
+# Launches whose unsplit grid (requests x row tiles) holds at most this many programs take a
+# class's few-program entry where it has one: there the split planner, not the batch, fills the
+# GPU, and the large-batch entry's plan of two programs per SM doubles the splits and the merge.
+# H200, fp8, 16 heads, 64 keys on 8 warps planned one program per SM against the 16-row entry
+# (us): B=1 32k 31.3 vs 37.9, B=1 128k 58.0 vs 62.5, B=8 4k 29.8 vs 36.0, B=8 32k 90.3 vs
+# 93.0; from 64 requests on the large-batch entry wins (B=64 32k 533 vs 586 us)
+# (`benchmarks/experiments/mla_fp8_small_batch.py`, `h200-mla-fp8-small-batch.txt`).
+FEW_PROGRAMS = 8
+# fmt: off
+MLA_DECODE_FEW_PROGRAM_CONFIGS: dict[str, dict[str, dict[int, MlaDecodeConfig]]] = {
+    "sm90": {"fp8": {16: C(16, 64, 8, 5, 1, 128)}},
+    "sm100": {"fp8": {16: C(16, 64, 8, 5, 1, 128)}},
+}
+# fmt: on
+MLA_DECODE_FEW_PROGRAM_CONFIGS["sm103"] = MLA_DECODE_FEW_PROGRAM_CONFIGS["sm100"]
+
+
 def row_tile_bucket(rows: int) -> int:
     """The table's row tile for `rows` query rows per request (heads x tokens)."""
     for tile in ROW_TILES:
@@ -97,8 +114,13 @@ def row_tile_bucket(rows: int) -> int:
     return ROW_TILES[-1]
 
 
-def get_mla_decode_config(device_class: str, kv_tag: str, rows: int) -> MlaDecodeConfig:
-    """The configuration for a device class, KV dtype tag ('bf16' | 'fp8') and row count."""
+def get_mla_decode_config(device_class: str, kv_tag: str, rows: int, batch: int) -> MlaDecodeConfig:
+    """The configuration for a device class, KV dtype tag ('bf16' | 'fp8'), row count (query
+    rows per request) and number of requests."""
     table = MLA_DECODE_CONFIGS.get(device_class, MLA_DECODE_CONFIGS["default"])
-    by_rows = table.get(kv_tag, table["bf16"])
-    return by_rows[row_tile_bucket(rows)]
+    tile = row_tile_bucket(rows)
+    cfg = table.get(kv_tag, table["bf16"])[tile]
+    if batch * -(-rows // cfg.block_m) <= FEW_PROGRAMS:
+        few = MLA_DECODE_FEW_PROGRAM_CONFIGS.get(device_class, {}).get(kv_tag, {})
+        cfg = few.get(tile, cfg)
+    return cfg
