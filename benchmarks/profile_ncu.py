@@ -4,7 +4,8 @@ Run on the GPU machine (no vLLM needed):
 
     ncu --profile-from-start off --clock-control none \
         --section SpeedOfLight --section Occupancy --section LaunchStats \
-        --section WarpStateStats python3 benchmarks/profile_ncu.py [--family mla|paged]
+        --section WarpStateStats python3 benchmarks/profile_ncu.py [--family mla|paged] \
+        [--only TEXT]
 
 Each case is built with its benchmark's own input builder and planner, launched once to
 compile, then once more between cudaProfilerStart/Stop so ncu records only that launch.
@@ -27,6 +28,7 @@ from vllm_blackwell_ext.kernels.paged_attention import SplitKVWorkspace
 
 MLA_CASES = (
     "h16 fp8 B=64 ctx=32k",
+    "h32 fp8 B=64 ctx=32k",
     "h16 bf16 B=64 ctx=32k",
     "h128 bf16 B=64 ctx=32k",
     "h16 bf16 B=1 ctx=128k",
@@ -54,6 +56,7 @@ def _profiled(name: str, fn) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="profile_ncu.py", description=__doc__.splitlines()[0])
     ap.add_argument("--family", choices=("mla", "paged"), default=None, help="only these cases")
+    ap.add_argument("--only", default="", help="only cases whose name contains this")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("profile_ncu.py needs a CUDA GPU", file=sys.stderr)
@@ -61,14 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.family in (None, "mla"):
         caches = mla_bench.Caches("cuda")
         by_name = {c.name: c for c in mla_bench.cases()}
-        for name in MLA_CASES:
+        for name in (n for n in MLA_CASES if args.only in n):
             case = by_name[name]
             _profiled(f"mla {name}", mla_bench.ours_fn(case, mla_bench.make_inputs(case, caches)))
     if args.family == "mla":
         return 0
     ws = SplitKVWorkspace.for_device(32, 8, 128, torch.device("cuda"))
     by_name = {c.name: c for c in pa_bench.cases()}
-    for name in PAGED_CASES:
+    for name in (n for n in PAGED_CASES if args.only in n):
         case = by_name[name]
         _profiled(f"paged {name}", pa_bench.ours_fn(case, pa_bench.Inputs(case), ws))
     return 0
