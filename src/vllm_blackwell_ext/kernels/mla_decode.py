@@ -187,9 +187,10 @@ def _mla_decode_split_kernel(
 ):
     """Split kernel of a 16-bit (bf16 / fp16) cache."""
     # The latent width is handled as four column chunks (q0..q3, k0..k3, acc0..acc3) rather
-    # than one [*, R] tile: a tensor-core operand is held whole in each warp's registers, and a
-    # full [BLOCK_M, 512] query operand alone would take 128 registers per thread (spills).
-    # Chunks keep each operand at a quarter of that while every KV tile still crosses HBM once.
+    # than one [*, R] tile: a dot loads its operands whole into each warp's registers (q from
+    # shared memory every tile), and a full [BLOCK_M, 512] query operand alone would take 128
+    # registers per thread (spills). Chunks keep each operand at a quarter of that while every
+    # KV tile still crosses HBM once.
     DC: tl.constexpr = R // 4
     b, split, seq_len, row_ok, head, tok, limit, start, end = _split_program(
         SEQ, num_heads, query_len, num_splits, num_row_groups, BLOCK_M, BLOCK_N, CAUSAL
