@@ -64,7 +64,8 @@ MLA_DECODE_CONFIGS: dict[str, dict[str, dict[int, MlaDecodeConfig]]] = {
         "fp8":  {16: C(16, 32, 4, 5, 2, 128), 32: C(32, 32, 4, 5, 2, 128),
                  64: C(32, 32, 4, 5, 2, 128)},
     },
-    # Consumer Blackwell (and sm86/sm89): 101,376 B per block.
+    # Consumer Blackwell (and sm86/sm89): 101,376 B per block. fp8 entries untuned: Hopper's,
+    # which fit.
     "sm120": {
         "bf16": {16: C(16, 32, 4, 2, 2, 128), 32: C(32, 32, 8, 2, 1, 128),
                  64: C(32, 32, 8, 2, 1, 128)},
