@@ -4,13 +4,16 @@ fp8 decode reads half the bytes of bf16 but ran at 0.53-0.62 of copy (ncu: 220 r
 thread, two programs per SM). This times tile / warps / stages / split variants of the fp8
 config on CUDA-graph replays, with each variant's registers, spills and shared memory; the
 5-stage (double-buffered) tile and one wave of splits came from it. Qwen3-8B shapes (32 q /
-8 KV heads, head 128); the shipped config is timed first in every case.
+8 KV heads, head 128); the shipped config is timed first in every case. `--splits` also tries
+1.5x and 2x the planned split count (three and four programs per SM instead of two), and
+unsplit launches two and four splits; `--few` times only the first few variants.
 
-    python benchmarks/experiments/attn_fp8_decode_configs.py
+    python benchmarks/experiments/attn_fp8_decode_configs.py [--splits] [--few]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -33,6 +36,7 @@ from vllm_blackwell_ext.kernels.paged_attention import (
     launch_config,
     plan_split_kv,
 )
+from vllm_blackwell_ext.kernels.paged_attention_configs import MAX_SPLITS
 
 # (keys per tile, warps, stages); the shipped config is timed first in every case.
 VARIANTS = (
@@ -45,6 +49,11 @@ CASES = ((1, 32768), (8, 32768), (64, 32768), (256, 8192), (1, 131072))
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--splits", action="store_true", help="also 1.5x and 2x the planned splits")
+    ap.add_argument("--few", action="store_true", help="only the first four variants")
+    args = ap.parse_args()
+    variants = VARIANTS[:4] if args.few else VARIANTS
     roof = copy_roofline_gbps("cuda")
     print(f"copy {roof:.0f} GB/s", flush=True)
     ws = SplitKVWorkspace.for_device(32, HKV, 128, "cuda")
@@ -54,10 +63,14 @@ def main() -> None:
         plan = plan_split_kv(b, 1, ctx, HKV, device_info(x.q.device), kv_elem=1)
         shipped = launch_config(x.q, x.k, x.v, 1, split_kv=plan > 1)
         # Unsplit launches also try two splits: more, smaller programs for the last wave.
-        splits_tried = sorted({plan, max(1, plan // 2)} | ({2} if plan == 1 else set()))
+        splits_tried = {plan, max(1, plan // 2)} | ({2} if plan == 1 else set())
+        if args.splits:
+            more = {plan * 3 // 2, plan * 2} if plan > 1 else {2, 4}
+            splits_tried |= {min(s, MAX_SPLITS) for s in more}
+        splits_tried = sorted(splits_tried)
         seen = set()
         for tile, warps, stages in ((shipped.tile_n, shipped.num_warps, shipped.num_stages),
-                                    *VARIANTS):  # fmt: skip
+                                    *variants):  # fmt: skip
             if (tile, warps, stages) in seen:
                 continue
             seen.add((tile, warps, stages))

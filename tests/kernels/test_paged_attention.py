@@ -18,6 +18,7 @@ Tolerances (output compared in fp32 against an fp32 reference that reads the sam
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import replace
 
@@ -343,20 +344,37 @@ def test_block_table_read_ahead_changes_no_bit(causal, window, block_size):
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
-def test_fp8_cache_dotted_in_the_query_dtype_matches_reference(kv_dtype):
-    # A config may turn the fp16 dots of fp8 caches off (the benchmark's sweep does): the
-    # tiles then convert to the query dtype, and the result is the same attention.
+def test_fp8_cache_read_any_way_a_config_allows_matches_reference(kv_dtype):
+    # A config may turn the fp16 dots of fp8 caches off (the benchmark's sweep does), or the
+    # value tiles' 16-bit pairs: the tiles are then read as fp8 and converted to the query
+    # dtype or to fp16, and the result is the same attention. Head 80 pads the pairs too.
     case = make_case(
-        [1, 5], [40, 33], num_q_heads=4, num_kv_heads=2, head_size=64, block_size=16,
-        dtype=torch.float16, kv_dtype=kv_dtype,
+        [1, 5], [40, 33], num_q_heads=4, num_kv_heads=2, head_size=64, head_size_v=80,
+        block_size=16, dtype=torch.float16, kv_dtype=kv_dtype,
     )  # fmt: skip
     cfg = launch_config(case["q"], case["key_cache"], case["value_cache"], 5)
-    assert cfg.fp8_dot_fp16
-    for f16 in (True, False):
+    assert cfg.fp8_dot_fp16 and cfg.fp8_value_pairs
+    for f16, pairs in ((True, True), (True, False), (False, False)):
         assert_close(
-            case, torch.float16, softmax_scale=0.125, config=replace(cfg, fp8_dot_fp16=f16),
-            num_splits=1, **scales(kv_dtype),
+            case, torch.float16, softmax_scale=0.125, num_splits=1, **scales(kv_dtype),
+            config=replace(cfg, fp8_dot_fp16=f16, fp8_value_pairs=pairs),
         )  # fmt: skip
+
+
+def test_fp8_value_cache_with_odd_strides_is_refused():
+    # fp8 value tiles are read as 16-bit pairs of columns, which an odd stride would split.
+    case = make_case(
+        [1], [10], num_q_heads=2, num_kv_heads=1, head_size=64, block_size=16,
+        dtype=torch.float16, kv_dtype=torch.float8_e4m3fn,
+    )  # fmt: skip
+    args, kw = _base_args(case)
+    kw.update(scales(torch.float8_e4m3fn))
+    paged_attention(*args, **kw)  # the cache as laid out: accepted
+    blocks, block_size, heads, head = args[2].shape
+    odd = torch.zeros(blocks, block_size, heads, head + 1, dtype=torch.uint8, device=DEVICE)
+    args[2] = odd.view(torch.float8_e4m3fn)[..., :head]
+    with pytest.raises(ValueError, match="value_cache: expected an fp8 cache with even"):
+        paged_attention(*args, **kw)
 
 
 def test_prefill_configs_read_pages_ahead_and_decode_configs_do_not():
@@ -564,25 +582,43 @@ def test_plan_splits_long_single_decode_and_not_full_batches():
     assert plan_split_kv(1, 1, 300, 8, H200) == 1  # too short to be worth a merge
 
 
-def test_plan_gives_fp8_single_token_decode_one_wave_of_two_programs_per_sm():
-    # 132 SMs x 2 programs / 8 KV heads = 33 splits; a 2-byte cache aims at two waves
-    assert plan_split_kv(1, 1, 131072, 8, H200, kv_elem=1) == 33
+def test_plan_fills_waves_of_three_fp8_single_token_programs_per_sm():
+    # 132 SMs x 3 programs = 396 slots a wave; the fewest splits whose grid fills 85 % of
+    # its waves' slots (a 2-byte cache aims at two waves and never splits 2+ programs per SM)
+    assert plan_split_kv(1, 1, 131072, 8, H200, kv_elem=1) == 43  # 344 programs: 0.87
     assert plan_split_kv(1, 1, 131072, 8, H200, kv_elem=2) == 64
-    assert plan_split_kv(8, 1, 32768, 8, H200, kv_elem=1) == 4
+    assert plan_split_kv(8, 1, 32768, 8, H200, kv_elem=1) == 6  # 384: 0.97
+    assert plan_split_kv(32, 1, 32768, 8, H200, kv_elem=1) == 3  # 768 in 2 waves: 0.97
+    assert plan_split_kv(64, 1, 32768, 8, H200, kv_elem=1) == 2  # 1024 in 3 waves: 0.86
+    assert plan_split_kv(64, 1, 32768, 8, H200, kv_elem=2) == 1
+    assert plan_split_kv(128, 1, 16384, 8, H200, kv_elem=1) == 1  # 1024 in 3 waves
+    assert plan_split_kv(1, 1, 4096, 8, H200, kv_elem=1) == 16  # 256 keys per split at least
     # verify blocks already aim at one wave, whatever the cache
     assert plan_split_kv(16, 16, 131072, 8, H200, kv_elem=1) == plan_split_kv(
         16, 16, 131072, 8, H200
     )
 
 
+def test_fp8_value_pairs_only_on_16_row_tiles():
+    def pairs(q_len: int) -> bool:
+        return select_config(
+            H200, head_k_pad=128, head_v_pad=128, gqa=4, max_seqlen_q=q_len, kv_elem=1
+        ).fp8_value_pairs
+
+    assert pairs(1) and pairs(4)  # decode, MTP-sized verify: 16-row tiles
+    assert not pairs(8) and not pairs(16) and not pairs(2048)
+
+
 def test_workspace_for_device_holds_every_planned_split():
-    for kv_heads in (1, 2, 8):
+    for kv_heads, kv_elem in itertools.product((1, 2, 8), (1, 2)):
         rows = split_kv_max_rows(kv_heads, H200)
-        for tokens in range(1, split_kv_max_tokens(kv_heads, H200) + 1):
+        max_tokens = split_kv_max_tokens(kv_heads, H200)
+        for tokens in range(1, max_tokens + 1):
             for q_len in range(1, SPLIT_KV_MAX_QUERY_LEN + 1):
-                assert tokens * plan_split_kv(tokens, q_len, 1 << 20, kv_heads, H200) <= max(
-                    rows, tokens
-                )
+                splits = plan_split_kv(tokens, q_len, 1 << 20, kv_heads, H200, kv_elem=kv_elem)
+                assert tokens * splits <= max(rows, tokens)
+        # past the bound, nothing splits
+        assert plan_split_kv(max_tokens + 1, 1, 1 << 20, kv_heads, H200, kv_elem=kv_elem) == 1
     ws = SplitKVWorkspace.for_device(32, 8, 128, device="cpu", info=H200)
     assert ws.partial_out.numel() * 4 < 64 << 20  # scratch stays small (MiB, not GiB)
 

@@ -34,6 +34,7 @@ import triton.language as tl
 
 from vllm_blackwell_ext.kernels.checks import fail
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
+from vllm_blackwell_ext.kernels.fp8_pairs import PAIRS_E4M3, PAIRS_E4M3_ASM, widen_fp8_pairs
 from vllm_blackwell_ext.kernels.host_ints import cdiv
 from vllm_blackwell_ext.kernels.launch_cache import DEFAULT_NUM_STAGES, CachedLauncher
 from vllm_blackwell_ext.kernels.mla_decode_configs import MlaDecodeConfig, get_mla_decode_config
@@ -263,27 +264,10 @@ def _mla_decode_split_kernel(
 
 @triton.jit
 def _widen(pairs, SELECT: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """One byte of each 16-bit pair of e4m3 values, widened: the low bytes (SELECT 0) or the
-    high ones (1).
-
-    On the GPU, two pairs at a time: one byte permute gathers the chosen bytes and one
-    convert widens both (e4m3x2 -> f16x2, sm89+, the floor of fp8 caches); what Triton emits
-    for the same shifts and bitcasts takes about twice the instructions, and this loop is bound
-    by instruction issue. The interpreter (no inline asm) takes the shifts.
-    """
+    """Even (SELECT 0) or odd (1) columns of e4m3 pairs in the dot dtype (`fp8_pairs`)."""
     if DOT_DTYPE == tl.float16:
-        return tl.inline_asm_elementwise(
-            "{ .reg .b32 t; .reg .b16 lo, hi;\n"
-            f"prmt.b32 t, $1, 0, {0x20 + 0x11 * SELECT};\n"
-            "mov.b32 {lo, hi}, t;\n"
-            "cvt.rn.f16x2.e4m3x2 $0, lo; }",
-            "=r,r",
-            [pairs],
-            dtype=tl.float16,
-            is_pure=True,
-            pack=2,
-        )
-    return (pairs >> (8 * SELECT)).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
+        return widen_fp8_pairs(pairs, SELECT, PAIRS_E4M3_ASM)
+    return widen_fp8_pairs(pairs, SELECT, PAIRS_E4M3).to(DOT_DTYPE)
 
 
 @triton.jit

@@ -35,6 +35,7 @@ import triton.language as tl
 
 from .checks import fail
 from .device import DeviceInfo, device_info
+from .fp8_pairs import pair_mode, widen_fp8_pairs
 from .host_ints import next_power_of_2
 from .launch_cache import DEFAULT_NUM_STAGES, CachedLauncher
 from .paged_attention_configs import (
@@ -91,6 +92,7 @@ def _find_request(cu_q_ptr, q_block_idx, batch, BLOCK_Q: tl.constexpr):
 @triton.jit
 def _attend_tiles(
     acc,
+    acc_odd,
     l_i,
     m_i,
     q,
@@ -120,8 +122,13 @@ def _attend_tiles(
     USE_SOFTCAP: tl.constexpr,
     MASKED: tl.constexpr,  # False: every key of these tiles is visible to every valid row
     PREFETCH_PAGES: tl.constexpr,
+    V_PAIRS: tl.constexpr,
 ):
-    """Online softmax over key tiles [tile_lo, tile_hi); returns the updated (acc, l_i, m_i).
+    """Online softmax over key tiles [tile_lo, tile_hi); returns (acc, acc_odd, l_i, m_i).
+
+    With V_PAIRS (an fp8 cache, `fp8_pairs`), `v_head`, its strides and `offs_dv`/`dv_ok`
+    address uint16 pairs of value columns, and `acc`/`acc_odd` hold the even/odd columns;
+    otherwise `acc` holds them all and `acc_odd` is passed through.
 
     Unmasked tiles skip the key bounds, the causal/window masks and the empty-row guard:
     there every valid row sees every key, so its running max is finite after the first tile
@@ -183,10 +190,14 @@ def _attend_tiles(
             mask=kv_ok & dv_ok[None, :],
             other=0.0,
         )
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)
+        if V_PAIRS == 0:
+            acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None])
+        else:
+            pd = p.to(tl.float16)
+            acc = tl.dot(pd, widen_fp8_pairs(v, 0, V_PAIRS), acc * alpha[:, None])
+            acc_odd = tl.dot(pd, widen_fp8_pairs(v, 1, V_PAIRS), acc_odd * alpha[:, None])
         m_i = m_new
-    return acc, l_i, m_i
+    return acc, acc_odd, l_i, m_i
 
 
 # Ints that change from batch to batch (request count, split count and the partial-LSE strides
@@ -252,6 +263,7 @@ def _paged_attn_kernel(
     DOT_MODE: tl.constexpr,  # 0: query dtype, 1: fp32 (CPU interpreter), 2: fp16 (fp8 cache)
     UNMASKED_INTERIOR: tl.constexpr,  # interior tiles in a loop without masks
     PREFETCH_PAGES: tl.constexpr,  # block-table reads one tile ahead (AttnConfig.prefetch_pages)
+    V_PAIRS: tl.constexpr,  # 0, or the `fp8_pairs` mode the fp8 value tiles are read in
 ):
     pid_q = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -275,9 +287,7 @@ def _paged_attn_kernel(
     tok = (q_start + q_local).to(tl.int64)
 
     offs_dk = tl.arange(0, HEAD_K_PAD)
-    offs_dv = tl.arange(0, HEAD_V_PAD)
     dk_ok = offs_dk < HEAD_K
-    dv_ok = offs_dv < HEAD_V
 
     q = tl.load(
         q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_dk[None, :],
@@ -323,11 +333,25 @@ def _paged_attn_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_V_PAD], dtype=tl.float32)
+    v_head = v_ptr + kv_head * stride_vh
+    if V_PAIRS == 0:
+        offs_v = tl.arange(0, HEAD_V_PAD)
+        v_ok = offs_v < HEAD_V
+        stride_v_blk = stride_vb
+        stride_v_slot = stride_vs
+        acc = tl.zeros([BLOCK_M, HEAD_V_PAD], dtype=tl.float32)
+        acc_odd = 0.0
+    else:
+        offs_v = tl.arange(0, HEAD_V_PAD // 2)
+        v_ok = offs_v < HEAD_V // 2
+        v_head = v_head.to(tl.pointer_type(tl.uint16), bitcast=True)
+        stride_v_blk = stride_vb // 2
+        stride_v_slot = stride_vs // 2
+        acc = tl.zeros([BLOCK_M, HEAD_V_PAD // 2], dtype=tl.float32)
+        acc_odd = tl.zeros([BLOCK_M, HEAD_V_PAD // 2], dtype=tl.float32)
 
     bt_row = block_table_ptr + req.to(tl.int64) * stride_bt
     k_head = k_ptr + kv_head * stride_kh
-    v_head = v_ptr + kv_head * stride_vh
     if UNMASKED_INTERIOR:
         # Tiles every row of the block sees whole (past the window start of its last query,
         # up to the first query's own position) run without masks, in order between the
@@ -344,26 +368,30 @@ def _paged_attn_kernel(
     else:
         full_lo = tile_hi
         full_hi = tile_hi
-    acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q, qk_scale, softcap, window, tile_lo, full_lo, k_hi, row_ok, q_pos,
-        bt_row, k_head, v_head, stride_kb, stride_ks, stride_vb, stride_vs,
-        offs_dk, offs_dv, dk_ok, dv_ok,
-        BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, True, PREFETCH_PAGES,
+    acc, acc_odd, l_i, m_i = _attend_tiles(
+        acc, acc_odd, l_i, m_i, q, qk_scale, softcap, window, tile_lo, full_lo, k_hi, row_ok,
+        q_pos, bt_row, k_head, v_head, stride_kb, stride_ks, stride_v_blk, stride_v_slot,
+        offs_dk, offs_v, dk_ok, v_ok,
+        BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, True, PREFETCH_PAGES, V_PAIRS,
     )  # fmt: skip
     if UNMASKED_INTERIOR:
-        acc, l_i, m_i = _attend_tiles(
-            acc, l_i, m_i, q, qk_scale, softcap, window, full_lo, full_hi, k_hi, row_ok, q_pos,
-            bt_row, k_head, v_head, stride_kb, stride_ks, stride_vb, stride_vs,
-            offs_dk, offs_dv, dk_ok, dv_ok,
-            BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, False, PREFETCH_PAGES,
+        acc, acc_odd, l_i, m_i = _attend_tiles(
+            acc, acc_odd, l_i, m_i, q, qk_scale, softcap, window, full_lo, full_hi, k_hi, row_ok,
+            q_pos, bt_row, k_head, v_head, stride_kb, stride_ks, stride_v_blk, stride_v_slot,
+            offs_dk, offs_v, dk_ok, v_ok,
+            BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, False, PREFETCH_PAGES, V_PAIRS,
         )  # fmt: skip
-        acc, l_i, m_i = _attend_tiles(
-            acc, l_i, m_i, q, qk_scale, softcap, window, full_hi, tile_hi, k_hi, row_ok, q_pos,
-            bt_row, k_head, v_head, stride_kb, stride_ks, stride_vb, stride_vs,
-            offs_dk, offs_dv, dk_ok, dv_ok,
-            BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, True, PREFETCH_PAGES,
+        acc, acc_odd, l_i, m_i = _attend_tiles(
+            acc, acc_odd, l_i, m_i, q, qk_scale, softcap, window, full_hi, tile_hi, k_hi, row_ok,
+            q_pos, bt_row, k_head, v_head, stride_kb, stride_ks, stride_v_blk, stride_v_slot,
+            offs_dk, offs_v, dk_ok, v_ok,
+            BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, True, PREFETCH_PAGES, V_PAIRS,
         )  # fmt: skip
 
+    if V_PAIRS != 0:
+        acc = tl.interleave(acc, acc_odd)
+    offs_dv = tl.arange(0, HEAD_V_PAD)
+    dv_ok = offs_dv < HEAD_V
     if USE_KV_SCALE:
         acc = acc * tl.load(v_scale_ptr)
 
@@ -651,6 +679,16 @@ def _validate(
         _check_cache(name, c, q)
     if value_cache.dtype != key_cache.dtype:
         fail(TypeError, "value_cache", f"the key_cache dtype {key_cache.dtype}", value_cache.dtype)
+    if value_cache.element_size() == 1 and (
+        value_cache.stride(0) % 2 or value_cache.stride(1) % 2 or value_cache.data_ptr() % 2
+    ):
+        # fp8 value tiles are read as 16-bit pairs of columns (`fp8_pairs`).
+        fail(
+            ValueError,
+            "value_cache",
+            "an fp8 cache with even block and slot strides at an even address",
+            f"strides {value_cache.stride()}",
+        )
     if tuple(value_cache.shape[:3]) != tuple(key_cache.shape[:3]):
         fail(
             ValueError,
@@ -750,6 +788,7 @@ class _KernelConstants:
     head_v_pad: int
     fp8_cache: bool
     query_dot_mode: int  # DOT_MODE unless an fp8 cache dots in fp16 (the config says)
+    value_pairs: int  # V_PAIRS of an fp8 cache read in pairs (the config says), else 0
 
 
 def _device_info(device_index: int) -> DeviceInfo:
@@ -789,6 +828,7 @@ def _kernel_constants(
         next_power_of_2(head_size_v),
         fp8_cache=kv_elem == 1,
         query_dot_mode=1 if info.device_class == "cpu" and q_dtype == torch.bfloat16 else 0,
+        value_pairs=pair_mode(kv_dtype, on_gpu=info.device_class != "cpu") if kv_elem == 1 else 0,
     )
 
 
@@ -887,6 +927,7 @@ def paged_attention(
     )  # fmt: skip
     cfg = consts.config if config is None else config
     dot_mode = 2 if consts.fp8_cache and cfg.fp8_dot_fp16 else consts.query_dot_mode
+    v_pairs = consts.value_pairs if dot_mode == 2 and cfg.fp8_value_pairs else 0
     if splits > 1:
         # Partials as contiguous [tokens, heads, splits, Dv] and [tokens, heads, splits]: the
         # first rows of the caller's scratch (no allocation, no host sync, not even a view).
@@ -926,12 +967,12 @@ def paged_attention(
             qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
             os_[0], os_[1], *lse_strides, *po_strides, *pl_strides,
             block_table.stride(0), splits,
-            # constexprs, in signature order: GQA .. PREFETCH_PAGES
+            # constexprs, in signature order: GQA .. V_PAIRS
             consts.gqa, head_size, head_size_v, consts.head_k_pad, consts.head_v_pad,
             block_size, cfg.block_m, cfg.block_q, cfg.tile_n,
             splits > 1, bool(causal), sliding_window is not None,
             sinks is not None, softcap > 0.0, k_scale is not None,
-            lse_out is not None, dot_mode, cfg.unmasked_interior, cfg.prefetch_pages,
+            lse_out is not None, dot_mode, cfg.unmasked_interior, cfg.prefetch_pages, v_pairs,
         ),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

@@ -8,6 +8,7 @@ per block) can be compiled and checked on the one we do (the H200's GPU test doe
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 from .device import DeviceInfo
@@ -29,12 +30,19 @@ TARGET_PROGRAMS_PER_SM = 4
 # window-2048 draft layer 23.4 -> 20.6 us; q=4 kept 4 (64 splits 54.5 us, 32 splits 64.9 us).
 BLOCK_QUERY_LEN = 8
 TARGET_PROGRAMS_PER_SM_BLOCK = 2
-# Launches with at least this many (request, KV head) programs per SM are not split.
+# Launches with at least this many (request, KV head) programs per SM are not split (but for
+# fp8 single-token decode, below).
 MIN_PROGRAMS_PER_SM = 2
-# Single-token decode of an fp8 cache: its ~210-register programs fit two per SM, so one wave
-# is two per SM. H200, one request, 32 instead of 64 splits: 32k 48.3 -> 43.3 us, 128k
-# 123.8 -> 120.1 us (`benchmarks/experiments/attn_fp8_decode_configs.py`).
-TARGET_PROGRAMS_PER_SM_FP8 = 2
+# Single-token decode of an fp8 cache: its programs (value tiles read as 16-bit pairs, ~160
+# registers x 128 threads, 73 KB of shared memory on sm90) fit three per SM. Its splits make
+# the grid use FP8_MIN_WAVE_FILL of the program slots of its waves, whatever the batch: a grid
+# of 1.3 waves idles most of its second. H200, Qwen3-8B shapes, GB/s, against the plan of two
+# programs per SM that never split grids of two or more per SM
+# (`benchmarks/experiments/attn_fp8_split_plan.py`, `h200-attn-fp8-split-plan.txt`): B=8 32k
+# 4 -> 6 splits 2955 -> 3592, B=32 32k 1 -> 3 splits 3253 -> 4163, B=64 32k 1 -> 2 splits
+# 3259 -> 4200; B=128 16k (2.6 waves: 0.86) and B=256 8k stay unsplit.
+FP8_PROGRAMS_PER_SM = 3
+FP8_MIN_WAVE_FILL = 0.85
 # Five pipeline stages double-buffer a decode launch's K/V tiles: Triton pipelines them one
 # indirection (the block-table load) behind the loop, so 3 or 4 stages give them one buffer
 # (Triton 3.6). Taken by fp8 single-token decode and by split launches over 2-byte caches,
@@ -72,6 +80,8 @@ class AttnConfig:
     unmasked_interior: bool = False
     # Read each tile's block-table entries one iteration ahead of its K/V loads.
     prefetch_pages: bool = False
+    # fp8 caches with fp16 dots: value tiles read as 16-bit pairs of columns (`fp8_pairs`).
+    fp8_value_pairs: bool = False
 
     def smem_estimate(self, head_k_pad: int, head_v_pad: int, kv_elem: int, q_elem: int) -> int:
         """Bytes of shared memory the pipelined loop needs (what Triton allocates, roughly).
@@ -139,22 +149,29 @@ def select_config(
     # slower for decode and verify (B=64 32k 1.21x, fp8 B=8 32k 1.41x, q=16 B=1 8k 1.23x the
     # time): `benchmarks/experiments/attn_kernel_ab.py`, `h200-attn-prefetch-ab.txt`.
     prefetch = prefill
+    # Value pairs for 16-row tiles only. H200, fp8, time with pairs / without
+    # (`benchmarks/experiments/attn_kernel_ab.py`, `h200-attn-fp8-pairs-ab.txt`): decode B=8 32k
+    # 0.968, B=64 32k 0.912, B=256 8k 0.676; verify q=16 B=8 32k 1.058, prefill 8k 1.047,
+    # whose 64-128-row tiles Triton 3.6 already stages through shared memory as fp16; and with
+    # 32 pair columns (head 64) on 128-row tiles it computed wrong outputs.
+    pairs = block_m == 16
     if big_smem and prefill and kv_elem == 2:
         return AttnConfig(
             block_m, block_q, PREFILL_WIDE_TILE_N, num_warps, PREFILL_WIDE_STAGES, True, unmasked,
-            prefetch,
+            prefetch, pairs,
         )  # fmt: skip
     if big_smem and not prefill and (fp8_single_token or (kv_elem == 2 and split_kv)):
         return AttnConfig(
-            block_m, block_q, tile_n, num_warps, DOUBLE_BUFFER_STAGES, True, unmasked, prefetch
-        )
+            block_m, block_q, tile_n, num_warps, DOUBLE_BUFFER_STAGES, True, unmasked, prefetch,
+            pairs,
+        )  # fmt: skip
     limit = int(info.smem_per_block * 0.9)  # margin for Triton's own layout scratch
     # Bytes in flight per program are stages x tile: keep 2-3 stages and shrink the tile
     # before falling back to a single (unpipelined) stage.
     candidates = [(st, tile_n >> k) for k in range(4) for st in (3, 2) if tile_n >> k >= 16]
     candidates.append((1, 16))
     for stages, tile in candidates:
-        cfg = AttnConfig(block_m, block_q, tile, num_warps, stages, True, unmasked, prefetch)
+        cfg = AttnConfig(block_m, block_q, tile, num_warps, stages, True, unmasked, prefetch, pairs)
         if cfg.smem_estimate(head_k_pad, head_v_pad, kv_elem, q_elem) <= limit:
             return cfg
     return cfg
@@ -176,27 +193,38 @@ def plan_split_kv(
     leave SMs idle. The number of requests is at least ceil(tokens / max_seqlen_q), so the grid
     has at least that many programs per KV head; splits bring it to at most
     TARGET_PROGRAMS_PER_SM per SM (TARGET_PROGRAMS_PER_SM_BLOCK for query blocks of
-    BLOCK_QUERY_LEN or more, TARGET_PROGRAMS_PER_SM_FP8 for single tokens over a 1-byte
-    cache (`kv_elem`); whole waves), never below MIN_KEYS_PER_SPLIT keys per split.
+    BLOCK_QUERY_LEN or more; whole waves), never below MIN_KEYS_PER_SPLIT keys per split.
+    Single tokens over a 1-byte cache (`kv_elem`) follow `_fp8_decode_splits`.
     """
     if max_seqlen_q < 1 or max_seqlen_q > SPLIT_KV_MAX_QUERY_LEN or num_query_tokens < 1:
         return 1
     min_requests = -(-num_query_tokens // max_seqlen_q)
     base_programs = min_requests * num_kv_heads
+    max_useful = max(1, min(max_seqlen_k // MIN_KEYS_PER_SPLIT, max_splits))
+    if kv_elem == 1 and max_seqlen_q == 1:
+        return _fp8_decode_splits(base_programs, device_info.num_sms, max_useful)
     if base_programs >= device_info.num_sms * MIN_PROGRAMS_PER_SM:
         return 1  # enough programs already: a split only adds the merge (H200: B=64 lost 10%)
     # Round DOWN to whole waves: with ~2 programs resident per SM, 9 splits x 64 programs
     # (2.2 waves) ran at 2441 GB/s on the H200 where 4 (1 wave) ran at 3029 and 18 at 2981.
     if max_seqlen_q >= BLOCK_QUERY_LEN:
         per_sm = TARGET_PROGRAMS_PER_SM_BLOCK
-    elif kv_elem == 1 and max_seqlen_q == 1:
-        per_sm = TARGET_PROGRAMS_PER_SM_FP8
     else:
         per_sm = TARGET_PROGRAMS_PER_SM
-    target = device_info.num_sms * per_sm
-    splits = target // base_programs
-    splits = min(splits, max_seqlen_k // MIN_KEYS_PER_SPLIT, max_splits)
-    return max(1, splits)
+    splits = device_info.num_sms * per_sm // base_programs
+    return max(1, min(splits, max_useful))
+
+
+def _fp8_decode_splits(base_programs: int, num_sms: int, max_useful: int) -> int:
+    """The fewest splits (up to `max_useful`) whose grid uses at least FP8_MIN_WAVE_FILL of
+    the program slots of its waves (FP8_PROGRAMS_PER_SM per SM); `max_useful` if none does."""
+    wave = num_sms * FP8_PROGRAMS_PER_SM
+    for splits in range(1, max_useful + 1):
+        programs = base_programs * splits
+        waves = -(-programs // wave)
+        if programs >= FP8_MIN_WAVE_FILL * waves * wave:
+            return splits
+    return max_useful
 
 
 def split_kv_max_tokens(num_kv_heads: int, device_info: DeviceInfo) -> int:
@@ -205,7 +233,10 @@ def split_kv_max_tokens(num_kv_heads: int, device_info: DeviceInfo) -> int:
     Size `SplitKVWorkspace.max_num_tokens` with this: larger launches never split.
     """
     max_requests = -(-device_info.num_sms * MIN_PROGRAMS_PER_SM // num_kv_heads)
-    return max_requests * SPLIT_KV_MAX_QUERY_LEN
+    # fp8 single tokens: a grid past 1 / (1 - FP8_MIN_WAVE_FILL) waves fills them unsplit.
+    fp8_waves = math.ceil(1 / (1 - FP8_MIN_WAVE_FILL))
+    fp8_requests = -(-fp8_waves * device_info.num_sms * FP8_PROGRAMS_PER_SM // num_kv_heads)
+    return max(max_requests * SPLIT_KV_MAX_QUERY_LEN, fp8_requests)
 
 
 def split_kv_max_rows(num_kv_heads: int, device_info: DeviceInfo) -> int:
@@ -217,7 +248,10 @@ def split_kv_max_rows(num_kv_heads: int, device_info: DeviceInfo) -> int:
     best = 0
     for tokens in range(1, split_kv_max_tokens(num_kv_heads, device_info) + 1):
         for q_len in range(1, SPLIT_KV_MAX_QUERY_LEN + 1):
-            splits = plan_split_kv(tokens, q_len, 1 << 30, num_kv_heads, device_info)
-            if splits > 1:
-                best = max(best, tokens * splits)
+            for kv_elem in (1, 2):
+                splits = plan_split_kv(
+                    tokens, q_len, 1 << 30, num_kv_heads, device_info, kv_elem=kv_elem
+                )
+                if splits > 1:
+                    best = max(best, tokens * splits)
     return best
