@@ -152,8 +152,9 @@ def select_config(
     # Value pairs for 16-row tiles only. H200, fp8, time with pairs / without
     # (`benchmarks/experiments/attn_kernel_ab.py`, `h200-attn-fp8-pairs-ab.txt`): decode B=8 32k
     # 0.968, B=64 32k 0.912, B=256 8k 0.676; verify q=16 B=8 32k 1.058, prefill 8k 1.047,
-    # whose 64-128-row tiles Triton 3.6 already stages through shared memory as fp16; and with
-    # 32 pair columns (head 64) on 128-row tiles it computed wrong outputs.
+    # whose 64-128-row tiles Triton 3.6 already reads without byte loads (their sm90 SASS has
+    # no LDS.U8); and on 128-row tiles with 32 pair columns (head 64) Triton 3.6 computed wrong
+    # outputs (`attn_fp8_pairs_wide_tiles.py`, `h200-attn-fp8-pairs-wide-tiles.txt`).
     pairs = block_m == 16
     if big_smem and prefill and kv_elem == 2:
         return AttnConfig(
