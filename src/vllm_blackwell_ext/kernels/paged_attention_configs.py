@@ -216,6 +216,7 @@ def plan_split_kv(
     return max(1, min(splits, max_useful))
 
 
+@functools.lru_cache(maxsize=1024)  # a loop of up to MAX_SPLITS steps, on the launch path
 def _fp8_decode_splits(base_programs: int, num_sms: int, max_useful: int) -> int:
     """The fewest splits (up to `max_useful`) whose grid uses at least FP8_MIN_WAVE_FILL of
     the program slots of its waves (FP8_PROGRAMS_PER_SM per SM); `max_useful` if none does."""
