@@ -28,6 +28,7 @@ from vllm_blackwell_ext.kernels.device import DeviceInfo  # noqa: E402
 from vllm_blackwell_ext.kernels.mla_decode import MAX_SPLITS, merge_config  # noqa: E402
 from vllm_blackwell_ext.kernels.mla_decode_configs import get_mla_decode_config  # noqa: E402
 from vllm_blackwell_ext.kernels.paged_attention_configs import (  # noqa: E402
+    MERGE_IN_KERNEL_MAX_SPLITS,
     SPLIT_KV_MAX_QUERY_LEN,
     plan_split_kv,
     select_config,
@@ -56,7 +57,7 @@ def test_warmup_keys_cover_every_tile_config_a_launch_can_pick(kv_dtype, gqa):
     )
     keys = jit_warmup.paged_attention_warmup_keys(layer, 32768, H200)
 
-    def config(q_len: int):
+    def config(q_len: int, split_kv: bool = False):
         return select_config(
             H200,
             head_k_pad=128,
@@ -64,18 +65,29 @@ def test_warmup_keys_cover_every_tile_config_a_launch_can_pick(kv_dtype, gqa):
             gqa=gqa,
             max_seqlen_q=q_len,
             kv_elem=kv_dtype.itemsize,
+            split_kv=split_kv,
         )
 
     launched = {config(q) for q in range(1, 4097)}
     assert {config(k.max_seqlen_q) for k in keys} == launched
-    assert len({(k.max_seqlen_q, k.split_kv) for k in keys}) == len(keys)
+    assert len({(k.max_seqlen_q, k.num_splits) for k in keys}) == len(keys)
     for key in keys:
-        splits = plan_split_kv(key.max_seqlen_q, key.max_seqlen_q, 32768, 8, H200)
-        decode_shaped = key.max_seqlen_q <= SPLIT_KV_MAX_QUERY_LEN  # prefill never splits
-        has_split_twin = any(k.split_kv and k.max_seqlen_q == key.max_seqlen_q for k in keys)
-        assert has_split_twin == (splits > 1 and decode_shaped), key
-    # Decode at B=1 splits on an H200 at any useful context: both variants are warmed.
-    assert [k.split_kv for k in keys if k.max_seqlen_q == 1] == [False, True]
+        q_len = key.max_seqlen_q
+        most = plan_split_kv(q_len, q_len, 32768, 8, H200, kv_elem=kv_dtype.itemsize)
+        if q_len > SPLIT_KV_MAX_QUERY_LEN:  # prefill never splits
+            most = 1
+        in_kernel = config(q_len, split_kv=True).merge_in_kernel_max_splits
+        warmed = sorted(k.num_splits for k in keys if k.max_seqlen_q == q_len)
+        # Unsplit; split (merged in the kernel where the config merges 2 there); split beside
+        # the merge kernel where the config merges some in the kernel and the plan goes past.
+        expected = [1] + [2] * (most > 1) + [in_kernel + 1] * (2 <= in_kernel < most)
+        assert warmed == expected, key
+    # Decode at B=1 takes the most splits on an H200 at 32k: every variant is warmed.
+    assert [k.num_splits for k in keys if k.max_seqlen_q == 1] == [
+        1,
+        2,
+        MERGE_IN_KERNEL_MAX_SPLITS + 1,
+    ]
 
 
 def test_warmup_of_a_layer_with_wider_values_launches_at_its_own_widths():
@@ -91,7 +103,7 @@ def test_warmup_of_a_layer_with_wider_values_launches_at_its_own_widths():
         }
     )
     keys = jit_warmup.paged_attention_warmup_keys(layer, 4096, H200)
-    assert any(k.split_kv for k in keys) and any(not k.split_kv for k in keys)
+    assert {k.num_splits for k in keys} >= {1, 2}
     for key in keys:
         jit_warmup.launch_paged_attention_warmup(key, torch.device("cpu"))
 
@@ -166,7 +178,7 @@ def test_builder_registers_each_layer_kind_once_and_vllm_warmup_launches_them(
     registry.warmup()
     kinds = {(k.layer.causal, k.layer.sliding_window) for k in launched}
     assert kinds == {(True, None), (True, 32), (False, None)}
-    assert any(k.split_kv for k in launched) and any(k.max_seqlen_q > 16 for k in launched)
+    assert any(k.num_splits > 1 for k in launched) and any(k.max_seqlen_q > 16 for k in launched)
 
 
 def test_nothing_is_registered_off_cuda(vllm_config):

@@ -31,13 +31,16 @@ def _axpy_kernel(x_ptr, y_ptr, out_ptr, n, scale_int, alpha, BLOCK: tl.constexpr
     tl.store(out_ptr + offs, (x * alpha * scale_int + y).to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def _launch(launcher: CachedLauncher, x, y, out, scale_int: int = 1, alpha: float = 2.0):
+def _launch(
+    launcher: CachedLauncher, x, y, out, scale_int: int = 1, alpha: float = 2.0, regs: int = 0
+):
     n, block = x.numel(), 64
     launcher.launch(
         (triton.cdiv(n, block), 1, 1),
         (x, y, out, n, scale_int, alpha, block),
         num_warps=4,
         num_stages=3,
+        max_registers=regs,
     )
     return out
 
@@ -64,7 +67,8 @@ def test_handles_are_reused_only_for_the_same_specialisation() -> None:
 
     def run(x, y, **kw):
         out = torch.full_like(x, float("nan"))
-        _check(x, y, _launch(launcher, x, y, out, **kw), **kw)
+        _launch(launcher, x, y, out, **kw)
+        _check(x, y, out, **{k: v for k, v in kw.items() if k != "regs"})
         return len(launcher._handles)
 
     assert run(base[:1024], other[:1024]) == 1
@@ -81,6 +85,17 @@ def test_handles_are_reused_only_for_the_same_specialisation() -> None:
     assert run(base[:1024].half(), other[:1024].half()) == 4
     # Back to the first specialisation: its handle again, no new entry.
     assert run(base[2048:3072], other[:1024]) == 4
+    # A register cap is a launch option Triton compiles with: its own binary, within the cap.
+    assert run(base[:1024], other[:1024], regs=24) == 5
+    capped = [h for k, h in launcher._handles.items() if k[0] == (4, 3, 24)]
+    assert len(capped) == 1 and capped[0].n_regs <= 24
+
+
+def test_register_cap_launches_under_the_interpreter_too(device: str) -> None:
+    launcher = CachedLauncher(_axpy_kernel)
+    x = torch.arange(100, dtype=torch.float32, device=device)
+    y = torch.ones(100, dtype=torch.float32, device=device)
+    _check(x, y, _launch(launcher, x, y, torch.empty_like(x), regs=32))
 
 
 @gpu_only
@@ -187,14 +202,14 @@ def test_launch_args_carry_addresses_where_the_tensors_were() -> None:
     assert not launcher._tensors_lead
     ptrs = [a.data_ptr(), b.data_ptr()]
     assert launcher._with_addresses(args, ptrs) == (7, ptrs[0], 2**40, ptrs[1], 64)
-    key = launcher._key((a, b), ptrs, args, 4, 3)
+    key = launcher._key((a, b), ptrs, args, (4, 3, 0))
     assert key == (
-        4, 3, (7, 64),
+        (4, 3, 0), (7, 64),
         ((torch.float32, -1), (torch.float16, -1)),
         (ptrs[0] % 16 == 0, ptrs[1] % 16 == 0),
         (False,),  # 2**40 does not fit in int32
     )  # fmt: skip
-    assert key[4][1] is False  # a view one fp16 element in is off 16-byte alignment
+    assert key[3][1] is False  # a view one fp16 element in is off 16-byte alignment
 
     leading = CachedLauncher(_StubKernel([_Param(), _Param(), _Param(True)]))
     leading._classify((a, b, 16))

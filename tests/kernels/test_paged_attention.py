@@ -38,7 +38,10 @@ from vllm_blackwell_ext.kernels.paged_attention import (
 )
 from vllm_blackwell_ext.kernels.paged_attention_configs import (
     DOUBLE_BUFFER_STAGES,
+    FP8_DECODE_MAX_REGISTERS,
+    FP8_PROGRAMS_PER_SM,
     MAX_SPLITS,
+    MERGE_IN_KERNEL_MAX_SPLITS,
     SPLIT_KV_MAX_QUERY_LEN,
     select_config,
     split_kv_max_rows,
@@ -247,6 +250,44 @@ def test_split_kv_with_workspace_matches_unsplit(causal):
     torch.testing.assert_close(split[0], whole[0], atol=2e-3, rtol=2e-3)
     torch.testing.assert_close(split[1], whole[1], atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(split[0], split[2], atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize(
+    ("kv_dtype", "window", "sinks"),
+    [(None, None, False), (None, 30, True), (torch.float8_e4m3fn, None, True)],
+)
+@pytest.mark.parametrize("causal", [True, False])
+def test_split_kv_merged_in_kernel_matches_merge_kernel(causal, kv_dtype, window, sinks):
+    """The last split of each (query block, KV head) merges them all in the kernel; its
+    counters are zero again after every launch, so a second launch on the same workspace
+    merges right too."""
+    dtype = torch.bfloat16
+    case = make_case(
+        [1, 3, 16, 1], [300, 257, 200, 40], num_q_heads=4, num_kv_heads=2, head_size=64,
+        block_size=16, dtype=dtype, kv_dtype=kv_dtype,
+    )  # fmt: skip
+    ws = SplitKVWorkspace.allocate(32, 4, 64, max_splits=8, device=DEVICE)
+    cfg = launch_config(
+        case["q"], case["key_cache"], case["value_cache"], case["max_seqlen_q"], split_kv=True
+    )
+    g = torch.Generator().manual_seed(1)
+    kw = dict(
+        softmax_scale=0.125, causal=causal, sliding_window=window, workspace=ws, num_splits=5,
+        sinks=torch.randn(4, generator=g).to(DEVICE) if sinks else None, **scales(kv_dtype),
+    )  # fmt: skip
+    by_kernel = run_both(case, config=replace(cfg, merge_in_kernel_max_splits=0), **kw)
+    for _ in range(2):
+        fused = run_both(case, config=replace(cfg, merge_in_kernel_max_splits=5), **kw)
+        assert not ws.split_counts.any(), "split counters left non-zero"
+        torch.testing.assert_close(fused[0], fused[2], atol=TOL[dtype], rtol=TOL[dtype])
+        torch.testing.assert_close(fused[1], fused[3], atol=2e-3, rtol=1e-3)
+        # Same partials, merged in another order of the same fp32 sums.
+        torch.testing.assert_close(fused[0], by_kernel[0], atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(fused[1], by_kernel[1], atol=1e-5, rtol=1e-5)
+    # Without a workspace the launch brings its own zeroed counters.
+    kw.pop("workspace")
+    alone = run_both(case, config=replace(cfg, merge_in_kernel_max_splits=5), **kw)
+    torch.testing.assert_close(alone[0], alone[2], atol=TOL[dtype], rtol=TOL[dtype])
 
 
 @pytest.mark.parametrize(("head_size", "head_size_v"), [(96, 64), (64, 96)])
@@ -609,6 +650,22 @@ def test_fp8_value_pairs_only_on_16_row_tiles():
     assert not pairs(8) and not pairs(16) and not pairs(2048)
 
 
+@pytest.mark.parametrize("kv_elem", [1, 2])
+def test_only_16_row_tiles_merge_in_the_kernel_and_fp8_decode_is_capped_at_3_per_sm(kv_elem):
+    def config(q_len: int, device: DeviceInfo = H200):
+        return select_config(
+            device, head_k_pad=128, head_v_pad=128, gqa=4, max_seqlen_q=q_len, kv_elem=kv_elem,
+            split_kv=True,
+        )  # fmt: skip
+
+    assert config(1).merge_in_kernel_max_splits == MERGE_IN_KERNEL_MAX_SPLITS
+    assert config(8).merge_in_kernel_max_splits == 0  # 32-row tiles: the merge kernel
+    # The cap keeps three 4-warp fp8 decode programs within an SM's 65,536 registers.
+    assert config(1).max_registers == (FP8_DECODE_MAX_REGISTERS if kv_elem == 1 else 0)
+    assert FP8_DECODE_MAX_REGISTERS * config(1).num_warps * 32 * FP8_PROGRAMS_PER_SM <= 65_536
+    assert config(8).max_registers == 0 and config(2048).max_registers == 0
+
+
 def test_workspace_for_device_holds_every_planned_split():
     for kv_heads, kv_elem in itertools.product((1, 2, 8), (1, 2)):
         rows = split_kv_max_rows(kv_heads, H200)
@@ -754,7 +811,9 @@ def test_gpu_split_kv_decode_and_verify_long_context(kv_dtype, causal, q_len):
 def test_gpu_new_batch_sizes_and_split_counts_reuse_one_compiled_kernel():
     # vLLM runs mixed batches eagerly with any request count and split count; each new Triton
     # specialisation would compile (~1 s) in the middle of serving. Same config (decode-shaped
-    # q=1), varying batch and splits: one compiled kernel with the split path, one without.
+    # q=1), varying batch and splits: one compiled kernel without the split path, one that
+    # merges in the kernel (up to MERGE_IN_KERNEL_MAX_SPLITS splits), one beside the merge
+    # kernel.
     ws = SplitKVWorkspace.for_device(32, 8, 128, device=DEVICE)
     handles = []
     for batch, splits in [(1, 1), (3, 1), (16, 1), (1, 2), (3, 5), (16, 7), (5, 16), (2, 33)]:
@@ -767,7 +826,26 @@ def test_gpu_new_batch_sizes_and_split_counts_reuse_one_compiled_kernel():
             case, torch.bfloat16, softmax_scale=128**-0.5, workspace=ws, num_splits=splits,
             compiled=handles,
         )  # fmt: skip
-    assert len({id(h) for h in handles}) == 2, "a batch size or split count recompiled"
+    assert len({id(h) for h in handles}) == 3, "a batch size or split count recompiled"
+
+
+@gpu_only
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_gpu_merge_in_kernel_stays_right_launch_after_launch(kv_dtype):
+    # Splits finish in any order on the GPU; whichever is last merges, and leaves its counter
+    # at zero for the next launch (eager here, graph replays in the benchmark).
+    case = make_case(
+        [1] * 8, [9000 - 501 * b for b in range(8)], num_q_heads=32, num_kv_heads=8,
+        head_size=128, block_size=16, dtype=torch.bfloat16, kv_dtype=kv_dtype,
+    )  # fmt: skip
+    ws = SplitKVWorkspace.for_device(32, 8, 128, device=DEVICE)
+    splits = MERGE_IN_KERNEL_MAX_SPLITS
+    for _ in range(20):
+        assert_close(
+            case, torch.bfloat16, softmax_scale=128**-0.5, workspace=ws, num_splits=splits,
+            **scales(kv_dtype),
+        )  # fmt: skip
+        assert not ws.split_counts.any(), "split counters left non-zero"
 
 
 @gpu_only

@@ -60,14 +60,16 @@ class AttentionLayerKind:
 class PagedAttentionKey:
     layer: AttentionLayerKind
     max_seqlen_q: int  # one query length of each distinct tile config
-    split_kv: bool  # the split-KV kernel and its merge
+    # 1: unsplit; up to the config's merge_in_kernel_max_splits: the split kernel that merges
+    # itself; more: the split kernel and the merge kernel
+    num_splits: int = 1
 
 
 def paged_attention_warmup_keys(
     layer: AttentionLayerKind, max_model_len: int, info: DeviceInfo
 ) -> list[PagedAttentionKey]:
     """One key per kernel variant the layer can launch: each tile config (decode and verify
-    lengths 1..16, prefill beyond), with and without split-KV where the plan can split it."""
+    lengths 1..16, prefill beyond), unsplit, and split with each merge the plan can reach."""
     keys, configs = [], set()
     gqa = layer.num_q_heads // layer.num_kv_heads
     head_k_pad = 1 << (layer.head_size - 1).bit_length()
@@ -87,14 +89,25 @@ def paged_attention_warmup_keys(
         if cfg in configs:
             continue
         configs.add(cfg)
-        keys.append(PagedAttentionKey(layer, q_len, split_kv=False))
-        # A one-request launch asks for the most splits; prefill never splits.
-        can_split = q_len <= SPLIT_KV_MAX_QUERY_LEN and (
-            plan_split_kv(q_len, q_len, max_model_len, layer.num_kv_heads, info, kv_elem=kv_elem)
-            > 1
-        )
-        if can_split:
-            keys.append(PagedAttentionKey(layer, q_len, split_kv=True))
+        keys.append(PagedAttentionKey(layer, q_len))
+        if q_len > SPLIT_KV_MAX_QUERY_LEN:
+            continue  # prefill never splits
+        # A one-request launch asks for the most splits; any fewer, down to 2, may come.
+        most = plan_split_kv(q_len, q_len, max_model_len, layer.num_kv_heads, info, kv_elem=kv_elem)
+        in_kernel = select_config(
+            info,
+            head_k_pad=head_k_pad,
+            head_v_pad=head_v_pad,
+            gqa=gqa,
+            max_seqlen_q=q_len,
+            kv_elem=kv_elem,
+            q_elem=q_elem,
+            split_kv=True,
+        ).merge_in_kernel_max_splits
+        if most > 1:  # two splits merge in the kernel, unless it never does
+            keys.append(PagedAttentionKey(layer, q_len, 2))
+        if 2 <= in_kernel < most:  # more splits than merge in the kernel
+            keys.append(PagedAttentionKey(layer, q_len, in_kernel + 1))
     return keys
 
 
@@ -138,7 +151,7 @@ def launch_paged_attention_warmup(key: PagedAttentionKey, device: torch.device) 
         softcap=layer.softcap,
         k_scale=scale,
         v_scale=scale,
-        num_splits=2 if key.split_kv else 1,
+        num_splits=key.num_splits,
     )
 
 

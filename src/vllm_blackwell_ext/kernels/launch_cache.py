@@ -113,10 +113,9 @@ class CachedLauncher:
         )
         self._classified = True
 
-    def _key(self, tensors: tuple, ptrs: list[int], args: tuple, num_warps: int, num_stages: int):
+    def _key(self, tensors: tuple, ptrs: list[int], args: tuple, options: tuple):
         return (
-            num_warps,
-            num_stages,
+            options,
             self._values(args),
             tuple([(t.dtype, t.get_device()) for t in tensors]),
             tuple([p & 15 == 0 for p in ptrs]),
@@ -132,19 +131,33 @@ class CachedLauncher:
             out[i] = p
         return tuple(out)
 
-    def launch(self, grid: tuple[int, int, int], args: tuple, *, num_warps: int, num_stages: int):
-        """Launch on `grid` (three ints); returns the compiled handle (None when interpreted)."""
+    def launch(
+        self,
+        grid: tuple[int, int, int],
+        args: tuple,
+        *,
+        num_warps: int,
+        num_stages: int,
+        max_registers: int = 0,
+    ):
+        """Launch on `grid` (three ints); returns the compiled handle (None when interpreted).
+
+        `max_registers` caps the registers per thread (Triton's `maxnreg`; 0: no cap).
+        """
+        options = {"num_warps": num_warps, "num_stages": num_stages}
+        if max_registers:
+            options["maxnreg"] = max_registers
         if not self.enabled:
-            return self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+            return self.kernel[grid](*args, **options)
         if not self._classified:
             self._classify(args)
         tensors = self._tensors(args)
         ptrs = [t.data_ptr() for t in tensors]
-        key = self._key(tensors, ptrs, args, num_warps, num_stages)
+        key = self._key(tensors, ptrs, args, (num_warps, num_stages, max_registers))
         handle = self._handles.get(key)
         if handle is None:
             # Through Triton: it checks every pointer, compiles or finds the binary.
-            handle = self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+            handle = self.kernel[grid](*args, **options)
             self._handles[key] = handle
             self._current_stream = triton.runtime.driver.active.get_current_stream
             return handle

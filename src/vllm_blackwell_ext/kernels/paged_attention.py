@@ -10,7 +10,9 @@ K/V byte is read once per KV head and query block. For query lengths up to 16 (d
 spec-verify, DFlash draft blocks) one block holds the whole query, causal or not; when those
 programs cannot fill the GPU, a third grid axis splits the request's KV range into segments
 whose partial outputs and log-sum-exps land in fp32 scratch and a small merge kernel combines
-them (unlike vLLM 0.32, whose split path needs every query length to be 1).
+them (unlike vLLM 0.32, whose split path needs every query length to be 1). Single-token decode
+split a few ways merges in the kernel instead: the last split of each (request, KV head) to
+finish, counted in an int32 counter it sets back to zero, merges them (one launch, not two).
 
 Sliding window (Hugging Face convention, backward-only in both modes): query at absolute
 position p sees keys [p - W + 1, p] (causal) or [p - W + 1, seq_len) (non-causal). The tile
@@ -215,6 +217,7 @@ def _paged_attn_kernel(
     lse_ptr,
     part_o_ptr,
     part_lse_ptr,
+    split_count_ptr,
     sink_ptr,
     k_scale_ptr,
     v_scale_ptr,
@@ -253,7 +256,7 @@ def _paged_attn_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     TILE_N: tl.constexpr,
-    SPLIT_KV: tl.constexpr,  # num_splits > 1: partials to scratch, merged by the next kernel
+    SPLIT_KV: tl.constexpr,  # num_splits > 1: partials to scratch, then merged
     CAUSAL: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     USE_SINKS: tl.constexpr,
@@ -264,6 +267,7 @@ def _paged_attn_kernel(
     UNMASKED_INTERIOR: tl.constexpr,  # interior tiles in a loop without masks
     PREFETCH_PAGES: tl.constexpr,  # block-table reads one tile ahead (AttnConfig.prefetch_pages)
     V_PAIRS: tl.constexpr,  # 0, or the `fp8_pairs` mode the fp8 value tiles are read in
+    MERGE_IN_KERNEL: tl.constexpr,  # SPLIT_KV: the last split to finish merges (no merge kernel)
 ):
     pid_q = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -396,37 +400,131 @@ def _paged_attn_kernel(
         acc = acc * tl.load(v_scale_ptr)
 
     if not SPLIT_KV:
-        if USE_SINKS:
-            # The sink is one more logit in the denominator with a zero value vector.
-            sink = tl.load(sink_ptr + head, mask=row_ok, other=float("-inf")) * 1.4426950408889634
-            m_new = tl.maximum(m_i, sink)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.exp2(sink - m_safe)
-            acc = acc * alpha[:, None]
-            m_i = m_new
-        l_div = tl.where(l_i == 0.0, 1.0, l_i)
-        o = acc / l_div[:, None]
-        tl.store(
-            out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_dv[None, :],
-            o.to(out_ptr.dtype.element_ty),
-            mask=row_ok[:, None] & dv_ok[None, :],
-        )
-        if WRITE_LSE:
-            lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.log2(l_div)) * 0.6931471805599453)
-            tl.store(lse_ptr + tok * stride_lt + head * stride_lh, lse, mask=row_ok)
+        _store_rows(
+            acc, l_i, m_i, out_ptr, lse_ptr, sink_ptr, tok, head, row_ok, offs_dv, dv_ok,
+            stride_ot, stride_oh, stride_lt, stride_lh, USE_SINKS, WRITE_LSE,
+        )  # fmt: skip
     else:
         # Partial: normalised output and log2-sum-exp of this segment (empty: 0 and -inf).
         l_div = tl.where(l_i == 0.0, 1.0, l_i)
         o = acc / l_div[:, None]
         part_lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_div))
-        base = tok * stride_pt + head * stride_ph + split * stride_ps
+        part_rows = tok * stride_pt + head * stride_ph
+        lse_rows = tok * stride_plt + head * stride_plh
         tl.store(
-            part_o_ptr + base[:, None] + offs_dv[None, :],
+            part_o_ptr + part_rows[:, None] + split * stride_ps + offs_dv[None, :],
             o,
             mask=row_ok[:, None] & dv_ok[None, :],
         )
-        tl.store(part_lse_ptr + tok * stride_plt + head * stride_plh + split, part_lse, mask=row_ok)
+        tl.store(part_lse_ptr + lse_rows + split, part_lse, mask=row_ok)
+        if MERGE_IN_KERNEL:
+            # Count the finished splits of this (query block, KV head); the last one merges.
+            # The barrier puts every thread's partial stores before the (release) count.
+            tl.debug_barrier()
+            count_ptr = split_count_ptr + pid_q * tl.num_programs(1) + kv_head
+            finished = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+            if finished == num_splits - 1:
+                tl.store(count_ptr, 0)  # zero again for the next launch
+                acc, l_i, m_i = _merge_other_splits(
+                    o, part_lse, split, num_splits, part_o_ptr, part_lse_ptr, part_rows,
+                    lse_rows, stride_ps, row_ok, offs_dv, dv_ok,
+                )  # fmt: skip
+                _store_rows(
+                    acc, l_i, m_i, out_ptr, lse_ptr, sink_ptr, tok, head, row_ok, offs_dv,
+                    dv_ok, stride_ot, stride_oh, stride_lt, stride_lh, USE_SINKS, WRITE_LSE,
+                )  # fmt: skip
+
+
+@triton.jit
+def _store_rows(
+    acc,
+    l_i,
+    m_i,
+    out_ptr,
+    lse_ptr,
+    sink_ptr,
+    tok,
+    head,
+    row_ok,
+    offs_dv,
+    dv_ok,
+    stride_ot,
+    stride_oh,
+    stride_lt,
+    stride_lh,
+    USE_SINKS: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
+    """Store rows of output (acc / l_i) and their log-sum-exp, the sink joined here.
+
+    `acc` and `l_i` are sums of value rows and of weights, both relative to the log2 max `m_i`
+    (-inf for a row that saw nothing).
+    """
+    if USE_SINKS:
+        # The sink is one more logit in the denominator with a zero value vector.
+        sink = tl.load(sink_ptr + head, mask=row_ok, other=float("-inf")) * 1.4426950408889634
+        m_new = tl.maximum(m_i, sink)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.exp2(sink - m_safe)
+        acc = acc * alpha[:, None]
+        m_i = m_new
+    l_div = tl.where(l_i == 0.0, 1.0, l_i)
+    o = acc / l_div[:, None]
+    tl.store(
+        out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_dv[None, :],
+        o.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & dv_ok[None, :],
+    )
+    if WRITE_LSE:
+        lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.log2(l_div)) * 0.6931471805599453)
+        tl.store(lse_ptr + tok * stride_lt + head * stride_lh, lse, mask=row_ok)
+
+
+@triton.jit
+def _merge_other_splits(
+    o,
+    part_lse,
+    split,
+    num_splits,
+    part_o_ptr,
+    part_lse_ptr,
+    part_rows,
+    lse_rows,
+    stride_ps,
+    row_ok,
+    offs_dv,
+    dv_ok,
+):
+    """This split's partial (still in registers) merged with the other splits' from scratch.
+
+    Returns (acc, l, m) as `_store_rows` takes them: partials weighted by exp2(lse - m).
+    The loads bypass L1 (.cg): the other programs wrote them, possibly from other SMs.
+    """
+    m_i = part_lse
+    m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
+    l_i = tl.exp2(m_i - m_safe)
+    acc = o * l_i[:, None]
+    for s in tl.range(0, num_splits, num_stages=1):
+        # (`row_ok & (split != s)` is int32 under Triton 3.9's interpreter: not a mask)
+        other = tl.where(split != s, row_ok, False)
+        lse_s = tl.load(
+            part_lse_ptr + lse_rows + s, mask=other, other=float("-inf"), cache_modifier=".cg"
+        )
+        o_s = tl.load(
+            part_o_ptr + part_rows[:, None] + s * stride_ps + offs_dv[None, :],
+            mask=other[:, None] & dv_ok[None, :],
+            other=0.0,
+            cache_modifier=".cg",
+        )
+        m_new = tl.maximum(m_i, lse_s)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        beta = tl.exp2(lse_s - m_safe)
+        acc = acc * alpha[:, None] + o_s * beta[:, None]
+        l_i = l_i * alpha + beta
+        m_i = m_new
+    return acc, l_i, m_i
 
 
 @triton.jit(do_not_specialize=["batch", "num_splits", "stride_plt", "stride_plh"])
@@ -508,16 +606,18 @@ _MERGE_LAUNCHER = CachedLauncher(_split_kv_merge_kernel)
 
 @dataclass
 class SplitKVWorkspace:
-    """Caller-owned fp32 scratch of the split-KV path, allocated once (CUDA-graph safe).
+    """Caller-owned scratch of the split-KV path, allocated once (CUDA-graph safe).
 
     `partial_out` holds rows of (query token x split) partial outputs, [max_rows, H, Dv];
     `partial_lse` their log2-sum-exps, [max_rows, H]. A launch with T tokens and S splits uses
     the first T * S rows, addressed as contiguous [T, H, S, ...]; `paged_attention` lowers S
-    to what fits.
+    to what fits. `split_counts` (int32, zero between launches) counts the finished splits of
+    each (query block, KV head) of a launch that merges in the kernel.
     """
 
     partial_out: torch.Tensor
     partial_lse: torch.Tensor
+    split_counts: torch.Tensor
     max_num_tokens: int
     max_splits: int
 
@@ -565,6 +665,10 @@ class SplitKVWorkspace:
                 (rows, num_q_heads, head_size_v), dtype=torch.float32, device=device
             ),
             partial_lse=torch.empty((rows, num_q_heads), dtype=torch.float32, device=device),
+            # A launch of T tokens has at most 2T query blocks (T // BLOCK_Q + requests).
+            split_counts=torch.zeros(
+                2 * max_num_tokens * num_q_heads, dtype=torch.int32, device=device
+            ),
             max_num_tokens=max_num_tokens,
             max_splits=max_splits,
         )
@@ -928,6 +1032,8 @@ def paged_attention(
     cfg = consts.config if config is None else config
     dot_mode = 2 if consts.fp8_cache and cfg.fp8_dot_fp16 else consts.query_dot_mode
     v_pairs = consts.value_pairs if dot_mode == 2 and cfg.fp8_value_pairs else 0
+    num_q_blocks = num_tokens // cfg.block_q + batch  # upper bound; surplus blocks exit at once
+    merge_in_kernel = False
     if splits > 1:
         # Partials as contiguous [tokens, heads, splits, Dv] and [tokens, heads, splits]: the
         # first rows of the caller's scratch (no allocation, no host sync, not even a view).
@@ -938,16 +1044,22 @@ def paged_attention(
             part_lse = torch.empty(
                 (num_tokens, num_q_heads, splits), dtype=torch.float32, device=q.device
             )
+            counts = torch.zeros(num_q_blocks * num_kv_heads, dtype=torch.int32, device=q.device)
         else:
             part_o, part_lse = workspace.partial_out, workspace.partial_lse
+            counts = workspace.split_counts
         po_strides = (num_q_heads * splits * head_size_v, splits * head_size_v, head_size_v)
         pl_strides = (num_q_heads * splits, splits)
+        merge_in_kernel = (
+            splits <= cfg.merge_in_kernel_max_splits
+            and num_q_blocks * num_kv_heads <= counts.shape[0]
+        )
     else:
         splits = 1
-        part_o, part_lse = out, out  # placeholders: without SPLIT_KV the kernel never touches them
+        # placeholders: without SPLIT_KV the kernel never touches them
+        part_o, part_lse, counts = out, out, out
         po_strides, pl_strides = (0, 0, 0), (0, 0)
 
-    num_q_blocks = num_tokens // cfg.block_q + batch  # upper bound; surplus blocks exit at once
     if lse_out is not None:
         lse_t, lse_strides = lse_out, lse_out.stride()[:2]
     else:
@@ -958,7 +1070,7 @@ def paged_attention(
     handle = _ATTN_LAUNCHER.launch(
         (num_q_blocks, num_kv_heads, splits),
         (
-            q, key_cache, value_cache, out, lse_t, part_o, part_lse,
+            q, key_cache, value_cache, out, lse_t, part_o, part_lse, counts,
             sinks if sinks is not None else dummy_f32,
             k_scale if k_scale is not None else dummy_f32,
             v_scale if v_scale is not None else dummy_f32,
@@ -967,19 +1079,21 @@ def paged_attention(
             qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
             os_[0], os_[1], *lse_strides, *po_strides, *pl_strides,
             block_table.stride(0), splits,
-            # constexprs, in signature order: GQA .. V_PAIRS
+            # constexprs, in signature order: GQA .. MERGE_IN_KERNEL
             consts.gqa, head_size, head_size_v, consts.head_k_pad, consts.head_v_pad,
             block_size, cfg.block_m, cfg.block_q, cfg.tile_n,
             splits > 1, bool(causal), sliding_window is not None,
             sinks is not None, softcap > 0.0, k_scale is not None,
             lse_out is not None, dot_mode, cfg.unmasked_interior, cfg.prefetch_pages, v_pairs,
+            merge_in_kernel,
         ),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        max_registers=cfg.max_registers,
     )  # fmt: skip
     if compiled is not None:
         compiled.append(handle)
-    if splits > 1:
+    if splits > 1 and not merge_in_kernel:
         _MERGE_LAUNCHER.launch(
             (num_tokens, num_q_heads, 1),
             (

@@ -43,6 +43,24 @@ MIN_PROGRAMS_PER_SM = 2
 # 3259 -> 4200; B=128 16k (2.6 waves: 0.86) and B=256 8k stay unsplit.
 FP8_PROGRAMS_PER_SM = 3
 FP8_MIN_WAVE_FILL = 0.85
+# Registers per thread under which those 4-warp programs fit three per SM (65,536 registers,
+# allocated in steps of 8). Triton 3.6 compiles the variant that merges its splits in the
+# kernel to ~200 without a cap (the same loop, 157 in the variant without the merge); capped,
+# it keeps 168 with no spills (offline sm90 compile: `cuobjdump -res-usage`, no LDL/STL).
+# H200, that variant uncapped -> capped (`h200-attn-merge-in-kernel.txt`): B=8 32k 198.8 ->
+# 153.9 us, B=64 32k 1116.8 -> 1062.0 us; the variant beside the merge kernel is level.
+FP8_DECODE_MAX_REGISTERS = 65_536 // (FP8_PROGRAMS_PER_SM * 128) // 8 * 8
+# Split single-token decode (16-row tiles) of up to this many splits merges in the kernel: the
+# last split of each (request, KV head) to finish merges them all, which saves the merge
+# kernel's launch, a third of an eager call's host time. Its GPU time is level: one program
+# merges its splits serially, after everyone else, where the merge kernel spreads every row
+# over its own program. H200, Qwen3-8B shapes, merge kernel -> in kernel
+# (`benchmarks/experiments/attn_merge_in_kernel.py`, `h200-attn-merge-in-kernel.txt`): fp8
+# B=64 32k (2 splits) 1086.8 -> 1062.0 us, host 50.5 -> 32.9 us; fp8 B=8 32k (6) 152.8 ->
+# 153.9 us, host 70.3 -> 32.3; bf16 B=8 32k (8) 270.8 -> 273.2 us, host 50.4 -> 32.9. Many
+# splits or wider tiles merge slower in one program: bf16 B=1 32k (64 splits) 52.8 -> 75.3 us,
+# verify q=16 B=8 32k (4 splits of 64-row tiles) 299.4 -> 312.7 us.
+MERGE_IN_KERNEL_MAX_SPLITS = 8
 # Five pipeline stages double-buffer a decode launch's K/V tiles: Triton pipelines them one
 # indirection (the block-table load) behind the loop, so 3 or 4 stages give them one buffer
 # (Triton 3.6). Taken by fp8 single-token decode and by split launches over 2-byte caches,
@@ -82,6 +100,11 @@ class AttnConfig:
     prefetch_pages: bool = False
     # fp8 caches with fp16 dots: value tiles read as 16-bit pairs of columns (`fp8_pairs`).
     fp8_value_pairs: bool = False
+    # Split launches of up to this many splits merge in the kernel (the last split of each
+    # query block and KV head to finish); more splits launch the merge kernel.
+    merge_in_kernel_max_splits: int = 0
+    # Registers per thread the compiler may use (Triton's maxnreg); 0: its own choice.
+    max_registers: int = 0
 
     def smem_estimate(self, head_k_pad: int, head_v_pad: int, kv_elem: int, q_elem: int) -> int:
         """Bytes of shared memory the pipelined loop needs (what Triton allocates, roughly).
@@ -156,6 +179,7 @@ def select_config(
     # no LDS.U8); and on 128-row tiles with 32 pair columns (head 64) Triton 3.6 computed wrong
     # outputs (`attn_fp8_pairs_wide_tiles.py`, `h200-attn-fp8-pairs-wide-tiles.txt`).
     pairs = block_m == 16
+    in_kernel = MERGE_IN_KERNEL_MAX_SPLITS if block_m == 16 else 0
     if big_smem and prefill and kv_elem == 2:
         return AttnConfig(
             block_m, block_q, PREFILL_WIDE_TILE_N, num_warps, PREFILL_WIDE_STAGES, True, unmasked,
@@ -164,7 +188,7 @@ def select_config(
     if big_smem and not prefill and (fp8_single_token or (kv_elem == 2 and split_kv)):
         return AttnConfig(
             block_m, block_q, tile_n, num_warps, DOUBLE_BUFFER_STAGES, True, unmasked, prefetch,
-            pairs,
+            pairs, in_kernel, FP8_DECODE_MAX_REGISTERS if fp8_single_token else 0,
         )  # fmt: skip
     limit = int(info.smem_per_block * 0.9)  # margin for Triton's own layout scratch
     # Bytes in flight per program are stages x tile: keep 2-3 stages and shrink the tile
@@ -172,7 +196,9 @@ def select_config(
     candidates = [(st, tile_n >> k) for k in range(4) for st in (3, 2) if tile_n >> k >= 16]
     candidates.append((1, 16))
     for stages, tile in candidates:
-        cfg = AttnConfig(block_m, block_q, tile, num_warps, stages, True, unmasked, prefetch, pairs)
+        cfg = AttnConfig(
+            block_m, block_q, tile, num_warps, stages, True, unmasked, prefetch, pairs, in_kernel
+        )
         if cfg.smem_estimate(head_k_pad, head_v_pad, kv_elem, q_elem) <= limit:
             return cfg
     return cfg
