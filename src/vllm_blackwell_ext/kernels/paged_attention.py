@@ -425,9 +425,9 @@ def _paged_attn_kernel(
             finished = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
             if finished == num_splits - 1:
                 tl.store(count_ptr, 0)  # zero again for the next launch
-                acc, l_i, m_i = _merge_other_splits(
-                    o, part_lse, split, num_splits, part_o_ptr, part_lse_ptr, part_rows,
-                    lse_rows, stride_ps, row_ok, offs_dv, dv_ok,
+                acc, l_i, m_i = _merge_splits(
+                    num_splits, part_o_ptr, part_lse_ptr, part_rows, lse_rows, stride_ps, row_ok,
+                    offs_dv, dv_ok,
                 )  # fmt: skip
                 _store_rows(
                     acc, l_i, m_i, out_ptr, lse_ptr, sink_ptr, tok, head, row_ok, offs_dv,
@@ -482,10 +482,7 @@ def _store_rows(
 
 
 @triton.jit
-def _merge_other_splits(
-    o,
-    part_lse,
-    split,
+def _merge_splits(
     num_splits,
     part_o_ptr,
     part_lse_ptr,
@@ -496,24 +493,22 @@ def _merge_other_splits(
     offs_dv,
     dv_ok,
 ):
-    """This split's partial (still in registers) merged with the other splits' from scratch.
+    """Every split's partial of these rows, merged in split order from the scratch.
 
-    Returns (acc, l, m) as `_store_rows` takes them: partials weighted by exp2(lse - m).
-    The loads bypass L1 (.cg): the other programs wrote them, possibly from other SMs.
+    Returns (acc, l, m) as `_store_rows` takes them: partials weighted by exp2(lse - m). The
+    order does not depend on which split merges, so the output is the same bits run to run.
+    The loads bypass L1 (.cg): other programs wrote the partials, possibly on other SMs.
     """
-    m_i = part_lse
-    m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
-    l_i = tl.exp2(m_i - m_safe)
-    acc = o * l_i[:, None]
+    m_i = tl.full(lse_rows.shape, float("-inf"), tl.float32)
+    l_i = tl.zeros(lse_rows.shape, tl.float32)
+    acc = tl.zeros([lse_rows.shape[0], offs_dv.shape[0]], tl.float32)
     for s in tl.range(0, num_splits, num_stages=1):
-        # (`row_ok & (split != s)` is int32 under Triton 3.9's interpreter: not a mask)
-        other = tl.where(split != s, row_ok, False)
         lse_s = tl.load(
-            part_lse_ptr + lse_rows + s, mask=other, other=float("-inf"), cache_modifier=".cg"
+            part_lse_ptr + lse_rows + s, mask=row_ok, other=float("-inf"), cache_modifier=".cg"
         )
         o_s = tl.load(
             part_o_ptr + part_rows[:, None] + s * stride_ps + offs_dv[None, :],
-            mask=other[:, None] & dv_ok[None, :],
+            mask=row_ok[:, None] & dv_ok[None, :],
             other=0.0,
             cache_modifier=".cg",
         )
