@@ -6,11 +6,12 @@ for fp8 single-token decode with and without the register cap that keeps three p
 SM; prints the largest output difference between the ways (the same partials, merged in
 another order). Sets `MERGE_IN_KERNEL_MAX_SPLITS` and `FP8_DECODE_MAX_REGISTERS`.
 
-    python benchmarks/experiments/attn_merge_in_kernel.py
+    python benchmarks/experiments/attn_merge_in_kernel.py [--only SUBSTR]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -57,10 +58,13 @@ HOST_CASES = ("decode bf16 B=8 ctx=32k", "decode fp8 B=64 ctx=32k", "decode fp8 
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="", help="run cases whose name contains this")
+    only = ap.parse_args().only
     roof = copy_roofline_gbps("cuda")
     print(f"copy {roof:.0f} GB/s", flush=True)
     ws = SplitKVWorkspace.for_device(HQ, HKV, 128, device="cuda")
-    for c in CASES:
+    for c in [c for c in CASES if only in c.name]:
         x = Inputs(c)
         info = device_info(x.q.device)
         splits = plan_split_kv(
