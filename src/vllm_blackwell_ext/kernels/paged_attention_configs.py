@@ -52,14 +52,14 @@ FP8_MIN_WAVE_FILL = 0.85
 FP8_DECODE_MAX_REGISTERS = 65_536 // (FP8_PROGRAMS_PER_SM * 128) // 8 * 8
 # Split single-token decode (16-row tiles) of up to this many splits merges in the kernel: the
 # last split of each (request, KV head) to finish merges them all, which saves the merge
-# kernel's launch, a third of an eager call's host time. Its GPU time is level: one program
-# merges its splits serially, after everyone else, where the merge kernel spreads every row
-# over its own program. H200, Qwen3-8B shapes, merge kernel -> in kernel
-# (`benchmarks/experiments/attn_merge_in_kernel.py`, `h200-attn-merge-in-kernel.txt`): fp8
-# B=64 32k (2 splits) 1086.8 -> 1062.0 us, host 50.5 -> 32.9 us; fp8 B=8 32k (6) 152.8 ->
-# 153.9 us, host 70.3 -> 32.3; bf16 B=8 32k (8) 270.8 -> 273.2 us, host 50.4 -> 32.9. Many
-# splits or wider tiles merge slower in one program: bf16 B=1 32k (64 splits) 52.8 -> 75.3 us,
-# verify q=16 B=8 32k (4 splits of 64-row tiles) 299.4 -> 312.7 us.
+# kernel's launch, a third to a half of an eager call's host time. GPU time is level within
+# the runs' spread: one program merges its splits serially, after the others. H200, Qwen3-8B
+# shapes, merge kernel -> in kernel, over runs (`benchmarks/experiments/attn_merge_in_kernel.py`,
+# `h200-attn-merge-in-kernel.txt`): fp8 B=64 32k (2 splits) 1039-1087 -> 1062-1071 us, host
+# 32-50 -> 22-33 us; fp8 B=8 32k (6) 151.6-152.8 -> 152.5-153.9 us, host 35-70 -> 22-32; bf16
+# B=8 32k (8) 266.7-270.8 -> 267.9-273.2 us, host 50-59 -> 25-33. Many splits or wider tiles
+# merge slower in one program: bf16 B=1 32k (64 splits) 52.8 -> 67.9 us, verify q=16 B=8 32k
+# (4 splits of 64-row tiles) 299.0 -> 303.9 us.
 MERGE_IN_KERNEL_MAX_SPLITS = 8
 # Five pipeline stages double-buffer a decode launch's K/V tiles: Triton pipelines them one
 # indirection (the block-table load) behind the loop, so 3 or 4 stages give them one buffer
