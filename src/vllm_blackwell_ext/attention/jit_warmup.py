@@ -30,6 +30,7 @@ from vllm_blackwell_ext.kernels.mla_decode_configs import FEW_PROGRAMS, get_mla_
 from vllm_blackwell_ext.kernels.paged_attention import paged_attention
 from vllm_blackwell_ext.kernels.paged_attention_configs import (
     SPLIT_KV_MAX_QUERY_LEN,
+    AttnConfig,
     plan_split_kv,
     select_config,
 )
@@ -71,21 +72,22 @@ def paged_attention_warmup_keys(
     """One key per kernel variant the layer can launch: each tile config (decode and verify
     lengths 1..16, prefill beyond), unsplit, and split with each merge the plan can reach."""
     keys, configs = [], set()
-    gqa = layer.num_q_heads // layer.num_kv_heads
-    head_k_pad = 1 << (layer.head_size - 1).bit_length()
-    head_v_pad = 1 << (layer.value_head_size - 1).bit_length()
     kv_elem = layer.kv_dtype.itemsize
-    q_elem = layer.q_dtype.itemsize
-    for q_len in range(1, SPLIT_KV_MAX_QUERY_LEN + 2):
-        cfg = select_config(
+
+    def config(q_len: int, split_kv: bool = False) -> AttnConfig:
+        return select_config(
             info,
-            head_k_pad=head_k_pad,
-            head_v_pad=head_v_pad,
-            gqa=gqa,
+            head_k_pad=1 << (layer.head_size - 1).bit_length(),
+            head_v_pad=1 << (layer.value_head_size - 1).bit_length(),
+            gqa=layer.num_q_heads // layer.num_kv_heads,
             max_seqlen_q=q_len,
             kv_elem=kv_elem,
-            q_elem=q_elem,
+            q_elem=layer.q_dtype.itemsize,
+            split_kv=split_kv,
         )
+
+    for q_len in range(1, SPLIT_KV_MAX_QUERY_LEN + 2):
+        cfg = config(q_len)
         if cfg in configs:
             continue
         configs.add(cfg)
@@ -94,16 +96,7 @@ def paged_attention_warmup_keys(
             continue  # prefill never splits
         # A one-request launch asks for the most splits; any fewer, down to 2, may come.
         most = plan_split_kv(q_len, q_len, max_model_len, layer.num_kv_heads, info, kv_elem=kv_elem)
-        in_kernel = select_config(
-            info,
-            head_k_pad=head_k_pad,
-            head_v_pad=head_v_pad,
-            gqa=gqa,
-            max_seqlen_q=q_len,
-            kv_elem=kv_elem,
-            q_elem=q_elem,
-            split_kv=True,
-        ).merge_in_kernel_max_splits
+        in_kernel = config(q_len, split_kv=True).merge_in_kernel_max_splits
         if most > 1:  # two splits merge in the kernel, unless it never does
             keys.append(PagedAttentionKey(layer, q_len, 2))
         if 2 <= in_kernel < most:  # more splits than merge in the kernel
