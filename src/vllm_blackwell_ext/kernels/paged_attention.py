@@ -660,7 +660,8 @@ class SplitKVWorkspace:
                 (rows, num_q_heads, head_size_v), dtype=torch.float32, device=device
             ),
             partial_lse=torch.empty((rows, num_q_heads), dtype=torch.float32, device=device),
-            # A launch of T tokens has at most 2T query blocks (T // BLOCK_Q + requests).
+            # One count per (query block, KV head): a launch of T tokens has at most 2T query
+            # blocks (T // BLOCK_Q + requests), and at most as many KV heads as query heads.
             split_counts=torch.zeros(
                 2 * max_num_tokens * num_q_heads, dtype=torch.int32, device=device
             ),
