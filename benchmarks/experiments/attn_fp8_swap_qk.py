@@ -8,7 +8,11 @@ with ~210 registers per thread (two programs per SM): `h200-attn-fp8-decode-conf
 Not adopted: a 2-5% smaller gain came from the stage count alone, and Triton's interpreter
 converts fp32 to e4m3 differently from the GPU, so the CPU tests could not check this path.
 
-    python benchmarks/experiments/attn_fp8_swap_qk.py
+Its kernel takes the place of the shipped one in `paged_attention`'s launch, so it runs
+against the launch arguments of the commit it was written at (later kernels take more, and
+its launches then fail with "args must hold all ... parameters"):
+
+    git checkout 035a69a && python benchmarks/experiments/attn_fp8_swap_qk.py
 """
 
 import sys

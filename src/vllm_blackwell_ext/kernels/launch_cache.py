@@ -131,6 +131,15 @@ class CachedLauncher:
             out[i] = p
         return tuple(out)
 
+    def _through_triton(
+        self, grid: tuple, args: tuple, num_warps: int, num_stages: int, max_registers: int
+    ):
+        """`kernel[grid](*args)` with the launch options (`maxnreg` only when capped)."""
+        options = {"num_warps": num_warps, "num_stages": num_stages}
+        if max_registers:
+            options["maxnreg"] = max_registers
+        return self.kernel[grid](*args, **options)
+
     def launch(
         self,
         grid: tuple[int, int, int],
@@ -144,11 +153,8 @@ class CachedLauncher:
 
         `max_registers` caps the registers per thread (Triton's `maxnreg`; 0: no cap).
         """
-        options = {"num_warps": num_warps, "num_stages": num_stages}
-        if max_registers:
-            options["maxnreg"] = max_registers
         if not self.enabled:
-            return self.kernel[grid](*args, **options)
+            return self._through_triton(grid, args, num_warps, num_stages, max_registers)
         if not self._classified:
             self._classify(args)
         tensors = self._tensors(args)
@@ -157,7 +163,7 @@ class CachedLauncher:
         handle = self._handles.get(key)
         if handle is None:
             # Through Triton: it checks every pointer, compiles or finds the binary.
-            handle = self.kernel[grid](*args, **options)
+            handle = self._through_triton(grid, args, num_warps, num_stages, max_registers)
             self._handles[key] = handle
             self._current_stream = triton.runtime.driver.active.get_current_stream
             return handle
