@@ -1,0 +1,357 @@
+"""Causal prefill with TMA-fed K/V tiles: how close can a Triton kernel come to SDPA here?
+
+The shipped prefill (`_paged_attn_kernel`, 128 x 128 tiles) gathers each K/V tile with
+`cp.async` through the block table, since vLLM's 16-token pages are shorter than a tile. This
+experiment times, on the same values and in one run, torch SDPA, the shipped kernel at pages of
+16 and of 128 tokens, and a kernel that loads each tile with one tensor-memory-access copy
+(`_tma_prefill_kernel` below: a 2D descriptor over the cache, possible when a page holds whole
+tiles), with and without Triton's warp specialisation of the key loop. Its result decides
+whether a TMA path (pages of >= 64 tokens, or the chunk's own contiguous K/V) is worth adding
+to the product kernel, and gives the Triton ceiling behind #13's prefill row.
+
+    python benchmarks/experiments/attn_prefill_tma.py [--only SUBSTR]
+    TRITON_INTERPRET=1 python benchmarks/experiments/attn_prefill_tma.py --check
+
+`--check` runs the TMA kernel on small shapes against the pure-torch reference (the CPU
+interpreter, or the GPU) and exits.
+
+What Triton 3.6's Hopper warp specialisation (`tl.range(..., warp_specialize=True)`) accepts,
+found by offline sm90 compiles: a kernel whose query tile comes through a descriptor, with no
+search loop and no early return ahead of the key loop (the first makes the pass skip the
+kernel, the second makes it fail) and no second key loop after it (fails); 64-row tiles on 4
+warps only (128 rows on 4 warps fails, 8 warps are left as they are). It then runs 12 warps
+in three partitions (`setmaxnreg` 232 / 120 / 40). Hence the host-built program list and the
+single masked loop of the specialised variants.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "src")]
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from vllm_blackwell_ext.kernels.paged_attention import launch_config, paged_attention
+from vllm_blackwell_ext.reference.paged_attention import paged_attention_ref
+
+HQ, HKV, D = 32, 8, 128
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _softmax_step(acc, l_i, m_i, q, k, v, s_mask, MASKED: tl.constexpr, qk_scale):
+    if q.dtype == tl.float32:  # the CPU interpreter (its bf16 dots multiply raw bits)
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    if MASKED:
+        s = tl.where(s_mask, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _tma_prefill_kernel(
+    q_desc,  # q as [T, H, HEAD], block [BLOCK_Q, GQA, HEAD]
+    kv_desc,  # the cache as 2D [num_blocks * HKV * PAGE, 2 * HEAD], block [TILE_N, HEAD]
+    out_ptr,
+    cu_q_ptr,
+    seq_lens_ptr,
+    block_table_ptr,
+    work_ptr,  # per program: (request, query block), from the host
+    qk_scale,  # softmax scale x log2(e)
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    NUM_KV_HEADS: tl.constexpr,
+    GQA: tl.constexpr,
+    HEAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    TILE_N: tl.constexpr,
+    PAGE: tl.constexpr,  # tokens per page, a multiple of TILE_N
+    STAGES: tl.constexpr,
+    SINGLE_LOOP: tl.constexpr,  # one loop, causal mask on every tile (what WARP_SPEC needs)
+    WARP_SPEC: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    BLOCK_M: tl.constexpr = BLOCK_Q * GQA
+    # No search loop and no early return before the key loop: Triton 3.6's Hopper warp
+    # specialisation skips a kernel with the one and fails on the other.
+    pid_q = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    req = tl.load(work_ptr + 2 * pid_q)
+    q_block = tl.load(work_ptr + 2 * pid_q + 1)
+    q_start = tl.load(cu_q_ptr + req)
+    q_len = tl.load(cu_q_ptr + req + 1) - q_start
+    ctx_len = tl.load(seq_lens_ptr + req) - q_len
+
+    offs_m = tl.arange(0, BLOCK_M)
+    q_local = q_block * BLOCK_Q + offs_m // GQA
+    head = kv_head * GQA + offs_m % GQA
+    row_ok = q_local < q_len
+    q_pos = ctx_len + q_local
+    tok = (q_start + q_local).to(tl.int64)
+    # Rows past the request (the next request's, or zeros past the end) are never stored.
+    q = q_desc.load([q_start + q_block * BLOCK_Q, kv_head * GQA, 0]).reshape(BLOCK_M, HEAD)
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    pos_first = ctx_len + q_block * BLOCK_Q
+    pos_last = ctx_len + tl.minimum(q_block * BLOCK_Q + BLOCK_Q, q_len) - 1
+    tile_hi = (pos_last + TILE_N) // TILE_N
+    if SINGLE_LOOP:
+        full_hi = tile_hi
+    else:
+        full_hi = (pos_first + 1) // TILE_N  # tiles every row sees whole
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD], tl.float32)
+    bt_row = block_table_ptr + req.to(tl.int64) * stride_bt
+    offs_n = tl.arange(0, TILE_N)
+    # Keys past a row's position get -inf, so p = 0; the cache slots they read are finite
+    # (written earlier, or zeros from allocation), so 0 x value adds nothing.
+    for j in tl.range(0, full_hi, num_stages=STAGES, warp_specialize=WARP_SPEC):
+        start = j * TILE_N
+        page = tl.load(bt_row + start // PAGE)
+        row = (page * NUM_KV_HEADS + kv_head) * PAGE + start % PAGE
+        k = kv_desc.load([row, 0])
+        v = kv_desc.load([row, HEAD])
+        visible = (start + offs_n)[None, :] <= q_pos[:, None]
+        acc, l_i, m_i = _softmax_step(acc, l_i, m_i, q, k, v, visible, SINGLE_LOOP, qk_scale)
+    if not SINGLE_LOOP:
+        for j in tl.range(full_hi, tile_hi):
+            start = j * TILE_N
+            page = tl.load(bt_row + start // PAGE)
+            row = (page * NUM_KV_HEADS + kv_head) * PAGE + start % PAGE
+            k = kv_desc.load([row, 0])
+            v = kv_desc.load([row, HEAD])
+            visible = (start + offs_n)[None, :] <= q_pos[:, None]
+            acc, l_i, m_i = _softmax_step(acc, l_i, m_i, q, k, v, visible, True, qk_scale)
+    out = acc / l_i[:, None]
+    offs_d = tl.arange(0, HEAD)
+    tl.store(
+        out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
+
+
+@dataclass(frozen=True)
+class TmaConfig:
+    block_q: int  # query tokens per program (x GQA rows)
+    tile_n: int
+    num_warps: int
+    stages: int
+    single_loop: bool = False
+    warp_spec: bool = False  # needs single_loop (Triton 3.6's Hopper pass fails otherwise)
+
+
+def query_blocks(cu: torch.Tensor, block_q: int) -> torch.Tensor:
+    """(request, query block) of each program, longest blocks first, as int32 [n, 2]."""
+    lens = cu.diff().tolist()
+    work = [(b, i) for b, n in enumerate(lens) for i in range(-(-n // block_q))]
+    work.sort(key=lambda w: -w[1])
+    return torch.tensor(work, dtype=torch.int32, device=cu.device).view(-1, 2)
+
+
+def tma_prefill(q, kv, out, cu, seq_lens, block_table, cfg: TmaConfig, work: torch.Tensor):
+    """Causal prefill over a [num_blocks, HKV, PAGE, 2 * HEAD] cache (vLLM's layout)."""
+    nb, hkv, page, two_d = kv.shape
+    head = two_d // 2
+    gqa = q.shape[1] // hkv
+    if page % cfg.tile_n:
+        raise ValueError(f"page: a multiple of tile_n={cfg.tile_n} expected, got {page}")
+    kv_desc = TensorDescriptor.from_tensor(kv.view(nb * hkv * page, two_d), [cfg.tile_n, head])
+    q_desc = TensorDescriptor.from_tensor(q, [cfg.block_q, gqa, head])
+    _tma_prefill_kernel[(work.shape[0], hkv)](
+        q_desc, kv_desc, out, cu, seq_lens, block_table, work, head**-0.5 * LOG2E,
+        out.stride(0), out.stride(1), block_table.stride(0),
+        NUM_KV_HEADS=hkv, GQA=gqa, HEAD=head, BLOCK_Q=cfg.block_q, TILE_N=cfg.tile_n,
+        PAGE=page, STAGES=cfg.stages, SINGLE_LOOP=cfg.single_loop, WARP_SPEC=cfg.warp_spec,
+        DOT_FP32=q.device.type == "cpu", num_warps=cfg.num_warps,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Inputs:
+    q: torch.Tensor
+    kv: torch.Tensor
+    out: torch.Tensor
+    cu: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    max_seqlen_q: int
+
+
+def make_inputs(lens: list[int], page: int, device: str, hq=HQ, hkv=HKV, d=D) -> Inputs:
+    """Causal prefills without context, pages in random order."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    pages = [-(-n // page) for n in lens]
+    nb = sum(pages)
+    kv = torch.randn(nb, hkv, page, 2 * d, generator=g).to(torch.bfloat16).to(device)
+    perm = torch.randperm(nb, generator=g).to(torch.int32)
+    table = torch.zeros(len(lens), max(pages), dtype=torch.int32)
+    at = 0
+    for b, n in enumerate(pages):
+        table[b, :n] = perm[at : at + n]
+        at += n
+    q = torch.randn(sum(lens), hq, d, generator=g).to(torch.bfloat16).to(device)
+    cu = torch.tensor([0, *lens]).cumsum(0).to(torch.int32).to(device)
+    return Inputs(
+        q, kv, torch.empty_like(q), cu, torch.tensor(lens, dtype=torch.int32, device=device),
+        table.to(device), max(lens),
+    )  # fmt: skip
+
+
+def kv_views(x: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    d = x.kv.shape[-1] // 2
+    k, v = x.kv.transpose(1, 2).split(d, dim=-1)
+    return k, v
+
+
+def check() -> None:
+    """TMA kernel vs the pure-torch reference on small shapes (interpreter or GPU)."""
+    device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+    cases = [
+        ([40, 70], 32, TmaConfig(8, 16, 4, 2)),
+        ([96, 33], 64, TmaConfig(4, 32, 4, 2, single_loop=True)),
+    ]
+    if device == "cuda":
+        cases += [
+            ([1000, 3000], 128, TmaConfig(32, 128, 8, 2)),
+            ([1000, 3000], 128, TmaConfig(16, 128, 4, 2, True, True)),
+        ]
+    for lens, page, cfg in cases:
+        x = make_inputs(lens, page, device, hq=8, hkv=2, d=64 if device == "cpu" else 128)
+        work = query_blocks(x.cu, cfg.block_q)
+        tma_prefill(x.q, x.kv, x.out, x.cu, x.seq_lens, x.block_table, cfg, work)
+        k, v = kv_views(x)
+        ref, _ = paged_attention_ref(
+            x.q.float(), k.float(), v.float(), x.cu, x.seq_lens, x.block_table,
+            softmax_scale=x.q.shape[-1] ** -0.5, causal=True,
+        )  # fmt: skip
+        err = (x.out.float() - ref).abs().max().item()
+        print(f"check lens={lens} page={page} {cfg}: max |err| {err:.2e}", flush=True)
+        # bf16 output and bf16 P in the second dot: each rounds to 2**-9 relative
+        torch.testing.assert_close(x.out.float(), ref, atol=1e-2, rtol=1e-2)
+
+
+# (query tokens x GQA = 128 or 64 rows, keys, warps, stages[, single loop, warp spec]); warp
+# specialisation compiles on Triton 3.6 only for 64-row tiles on 4 warps.
+TMA_CONFIGS = (
+    TmaConfig(32, 128, 8, 2), TmaConfig(32, 128, 8, 3), TmaConfig(32, 64, 8, 3),
+    TmaConfig(32, 64, 8, 4), TmaConfig(16, 64, 4, 3), TmaConfig(16, 128, 4, 2),
+    TmaConfig(32, 128, 8, 2, True), TmaConfig(16, 128, 4, 2, True),
+    TmaConfig(16, 128, 4, 2, True, True), TmaConfig(16, 64, 4, 2, True, True),
+    TmaConfig(16, 128, 4, 3, True, True), TmaConfig(16, 64, 4, 4, True, True),
+)  # fmt: skip
+CASES = (("prefill causal B=1 L=8k", [8192]), ("prefill causal B=4 L=4k", [4096] * 4))
+
+
+def graph_us(fn) -> float:
+    from benchmarks.bench_paged_attention import graph_us as replay_us
+
+    return replay_us(fn, 10, 40)
+
+
+def sdpa_us(x: Inputs, lens: list[int]) -> float:
+    """FlashAttention through SDPA on the same values, K/V contiguous and repeated per head."""
+    from benchmarks.harness import bench_us
+
+    b, n = len(lens), lens[0]
+    k, v = kv_views(x)
+    kd = k[x.block_table.long()].reshape(b, n, HKV, D).transpose(1, 2)
+    vd = v[x.block_table.long()].reshape(b, n, HKV, D).transpose(1, 2)
+    kd = kd.repeat_interleave(HQ // HKV, 1).contiguous()
+    vd = vd.repeat_interleave(HQ // HKV, 1).contiguous()
+    qd = x.q.view(b, n, HQ, D).transpose(1, 2).contiguous()
+    f = torch.nn.functional.scaled_dot_product_attention
+    return bench_us(lambda: f(qd, kd, vd, is_causal=True, scale=D**-0.5), 10, 40)
+
+
+def shipped_us(x: Inputs) -> tuple[float, str]:
+    k, v = kv_views(x)
+    cfg = launch_config(x.q, k, v, x.max_seqlen_q)
+
+    def fn() -> None:
+        paged_attention(
+            x.q, k, v, x.out, x.cu, x.seq_lens, x.block_table, max_seqlen_q=x.max_seqlen_q,
+            max_seqlen_k=x.max_seqlen_q, softmax_scale=D**-0.5, causal=True,
+        )  # fmt: skip
+
+    tag = f"m={cfg.block_m} n={cfg.tile_n} w={cfg.num_warps} st={cfg.num_stages}"
+    return graph_us(fn), tag
+
+
+def tma_us(x: Inputs, cfg: TmaConfig) -> float:
+    work = query_blocks(x.cu, cfg.block_q)
+    return graph_us(
+        lambda: tma_prefill(x.q, x.kv, x.out, x.cu, x.seq_lens, x.block_table, cfg, work)
+    )
+
+
+def bench(only: str) -> None:
+    for name, lens in CASES:
+        if only not in name:
+            continue
+        flops = 4.0 * HQ * D * sum(n * (n + 1) // 2 for n in lens)
+        for page in (16, 128):
+            x = make_inputs(lens, page, "cuda")
+            if page == 16:
+                us = sdpa_us(x, lens)
+                print(f"{name}: sdpa {us:.1f} us {flops / us / 1e6:.1f} TFLOP/s", flush=True)
+            us, tag = shipped_us(x)
+            ref = x.out.clone()
+            print(
+                f"{name}: page={page} shipped {tag}: {us:.1f} us {flops / us / 1e6:.1f} TFLOP/s",
+                flush=True,
+            )
+            for cfg in TMA_CONFIGS if page % 128 == 0 else ():
+                tag = (
+                    f"tma m={cfg.block_q * HQ // HKV} n={cfg.tile_n} w={cfg.num_warps} "
+                    f"st={cfg.stages} one_loop={int(cfg.single_loop)} ws={int(cfg.warp_spec)}"
+                )
+                try:
+                    x.out.zero_()
+                    us = tma_us(x, cfg)
+                except Exception as e:  # a variant that does not compile: say so, go on
+                    print(f"{name}: page={page} {tag}: {type(e).__name__}: {str(e)[:300]}")
+                    continue
+                diff = (x.out.float() - ref.float()).abs().max().item()
+                print(
+                    f"{name}: page={page} {tag}: {us:.1f} us {flops / us / 1e6:.1f} TFLOP/s "
+                    f"(max |diff| vs shipped {diff:.1e})",
+                    flush=True,
+                )
+            del x, ref
+            torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="", help="run cases whose name contains this")
+    ap.add_argument("--check", action="store_true", help="correctness on small shapes only")
+    args = ap.parse_args()
+    if args.check:
+        check()
+        return
+    gpu = torch.cuda.get_device_name()
+    print(f"# torch {torch.__version__}, triton {triton.__version__}, {gpu}")
+    bench(args.only)
+
+
+if __name__ == "__main__":
+    main()
