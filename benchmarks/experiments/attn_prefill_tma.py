@@ -64,9 +64,21 @@ def _softmax_step(acc, l_i, m_i, q, k, v, s_mask, MASKED: tl.constexpr, qk_scale
 
 
 @triton.jit
+def _tile_row(bt_row, start, q_start, kv_head, NUM_KV_HEADS, PAGE: tl.constexpr):
+    """Descriptor row of key `start`: in the paged cache, or (PAGE == 0) in the chunk's K/V."""
+    if PAGE == 0:
+        return q_start + start
+    page = tl.load(bt_row + start // PAGE)
+    return (page * NUM_KV_HEADS + kv_head) * PAGE + start % PAGE
+
+
+@triton.jit
 def _tma_prefill_kernel(
     q_desc,  # q as [T, H, HEAD], block [BLOCK_Q, GQA, HEAD]
-    kv_desc,  # the cache as 2D [num_blocks * HKV * PAGE, 2 * HEAD], block [TILE_N, HEAD]
+    # Paged: both the cache as 2D [num_blocks * HKV * PAGE, 2 * HEAD], block [TILE_N, HEAD].
+    # PAGE == 0: the chunk's own key and value, each as 2D [T, HKV * HEAD].
+    k_desc,
+    v_desc,
     out_ptr,
     cu_q_ptr,
     seq_lens_ptr,
@@ -81,7 +93,7 @@ def _tma_prefill_kernel(
     HEAD: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     TILE_N: tl.constexpr,
-    PAGE: tl.constexpr,  # tokens per page, a multiple of TILE_N
+    PAGE: tl.constexpr,  # tokens per page, a multiple of TILE_N; 0: contiguous K/V
     STAGES: tl.constexpr,
     SINGLE_LOOP: tl.constexpr,  # one loop, causal mask on every tile (what WARP_SPEC needs)
     WARP_SPEC: tl.constexpr,
@@ -120,24 +132,28 @@ def _tma_prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD], tl.float32)
     bt_row = block_table_ptr + req.to(tl.int64) * stride_bt
+    if PAGE == 0:
+        k_col = kv_head * HEAD
+        v_col = kv_head * HEAD
+    else:
+        k_col = 0
+        v_col = HEAD
     offs_n = tl.arange(0, TILE_N)
     # Keys past a row's position get -inf, so p = 0; the cache slots they read are finite
     # (written earlier, or zeros from allocation), so 0 x value adds nothing.
     for j in tl.range(0, full_hi, num_stages=STAGES, warp_specialize=WARP_SPEC):
         start = j * TILE_N
-        page = tl.load(bt_row + start // PAGE)
-        row = (page * NUM_KV_HEADS + kv_head) * PAGE + start % PAGE
-        k = kv_desc.load([row, 0])
-        v = kv_desc.load([row, HEAD])
+        row = _tile_row(bt_row, start, q_start, kv_head, NUM_KV_HEADS, PAGE)
+        k = k_desc.load([row, k_col])
+        v = v_desc.load([row, v_col])
         visible = (start + offs_n)[None, :] <= q_pos[:, None]
         acc, l_i, m_i = _softmax_step(acc, l_i, m_i, q, k, v, visible, SINGLE_LOOP, qk_scale)
     if not SINGLE_LOOP:
         for j in tl.range(full_hi, tile_hi):
             start = j * TILE_N
-            page = tl.load(bt_row + start // PAGE)
-            row = (page * NUM_KV_HEADS + kv_head) * PAGE + start % PAGE
-            k = kv_desc.load([row, 0])
-            v = kv_desc.load([row, HEAD])
+            row = _tile_row(bt_row, start, q_start, kv_head, NUM_KV_HEADS, PAGE)
+            k = k_desc.load([row, k_col])
+            v = v_desc.load([row, v_col])
             visible = (start + offs_n)[None, :] <= q_pos[:, None]
             acc, l_i, m_i = _softmax_step(acc, l_i, m_i, q, k, v, visible, True, qk_scale)
     out = acc / l_i[:, None]
@@ -167,17 +183,28 @@ def query_blocks(cu: torch.Tensor, block_q: int) -> torch.Tensor:
     return torch.tensor(work, dtype=torch.int32, device=cu.device).view(-1, 2)
 
 
-def tma_prefill(q, kv, out, cu, seq_lens, block_table, cfg: TmaConfig, work: torch.Tensor):
-    """Causal prefill over a [num_blocks, HKV, PAGE, 2 * HEAD] cache (vLLM's layout)."""
+def tma_prefill(
+    q, kv, out, cu, seq_lens, block_table, cfg: TmaConfig, work: torch.Tensor, contig=None
+):
+    """Causal prefill over a [num_blocks, HKV, PAGE, 2 * HEAD] cache (vLLM's layout), or,
+    given `contig` = (key, value) [T, HKV, HEAD] of prefills without context, over those."""
     nb, hkv, page, two_d = kv.shape
     head = two_d // 2
     gqa = q.shape[1] // hkv
-    if page % cfg.tile_n:
+    if contig is not None:
+        page = 0
+        k_desc, v_desc = (
+            TensorDescriptor.from_tensor(t.view(t.shape[0], hkv * head), [cfg.tile_n, head])
+            for t in contig
+        )
+    elif page % cfg.tile_n:
         raise ValueError(f"page: a multiple of tile_n={cfg.tile_n} expected, got {page}")
-    kv_desc = TensorDescriptor.from_tensor(kv.view(nb * hkv * page, two_d), [cfg.tile_n, head])
+    else:
+        cache = kv.view(nb * hkv * page, two_d)
+        k_desc = v_desc = TensorDescriptor.from_tensor(cache, [cfg.tile_n, head])
     q_desc = TensorDescriptor.from_tensor(q, [cfg.block_q, gqa, head])
     _tma_prefill_kernel[(work.shape[0], hkv)](
-        q_desc, kv_desc, out, cu, seq_lens, block_table, work, head**-0.5 * LOG2E,
+        q_desc, k_desc, v_desc, out, cu, seq_lens, block_table, work, head**-0.5 * LOG2E,
         out.stride(0), out.stride(1), block_table.stride(0),
         NUM_KV_HEADS=hkv, GQA=gqa, HEAD=head, BLOCK_Q=cfg.block_q, TILE_N=cfg.tile_n,
         PAGE=page, STAGES=cfg.stages, SINGLE_LOOP=cfg.single_loop, WARP_SPEC=cfg.warp_spec,
@@ -222,29 +249,42 @@ def kv_views(x: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
     return k, v
 
 
+def contiguous_kv(x: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cache's keys and values in token order, [T, HKV, HEAD] each (what a forward gets)."""
+    k, v = kv_views(x)
+    page = k.shape[1]
+    positions = [torch.arange(n, device=x.q.device) for n in x.seq_lens.tolist()]
+    pages = torch.cat([x.block_table[b, p // page] for b, p in enumerate(positions)]).long()
+    slots = torch.cat([p % page for p in positions])
+    return k[pages, slots].contiguous(), v[pages, slots].contiguous()
+
+
 def check() -> None:
     """TMA kernel vs the pure-torch reference on small shapes (interpreter or GPU)."""
     device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
     cases = [
-        ([40, 70], 32, TmaConfig(8, 16, 4, 2)),
-        ([96, 33], 64, TmaConfig(4, 32, 4, 2, single_loop=True)),
+        ([40, 70], 32, TmaConfig(8, 16, 4, 2), False),
+        ([96, 33], 64, TmaConfig(4, 32, 4, 2, single_loop=True), False),
+        ([40, 70], 16, TmaConfig(8, 32, 4, 2), True),
     ]
     if device == "cuda":
         cases += [
-            ([1000, 3000], 128, TmaConfig(32, 128, 8, 2)),
-            ([1000, 3000], 128, TmaConfig(16, 128, 4, 2, True, True)),
+            ([1000, 3000], 128, TmaConfig(32, 128, 8, 2), False),
+            ([1000, 3000], 128, TmaConfig(16, 128, 4, 2, True, True), False),
+            ([1000, 3000], 16, TmaConfig(16, 128, 4, 2, True, True), True),
         ]
-    for lens, page, cfg in cases:
+    for lens, page, cfg, contig in cases:
         x = make_inputs(lens, page, device, hq=8, hkv=2, d=64 if device == "cpu" else 128)
         work = query_blocks(x.cu, cfg.block_q)
-        tma_prefill(x.q, x.kv, x.out, x.cu, x.seq_lens, x.block_table, cfg, work)
+        kv = contiguous_kv(x) if contig else None
+        tma_prefill(x.q, x.kv, x.out, x.cu, x.seq_lens, x.block_table, cfg, work, kv)
         k, v = kv_views(x)
         ref, _ = paged_attention_ref(
             x.q.float(), k.float(), v.float(), x.cu, x.seq_lens, x.block_table,
             softmax_scale=x.q.shape[-1] ** -0.5, causal=True,
         )  # fmt: skip
         err = (x.out.float() - ref).abs().max().item()
-        print(f"check lens={lens} page={page} {cfg}: max |err| {err:.2e}", flush=True)
+        print(f"check lens={lens} page={page} contiguous={contig} {cfg}: max |err| {err:.2e}")
         # bf16 output and bf16 P in the second dot: each rounds to 2**-9 relative
         torch.testing.assert_close(x.out.float(), ref, atol=1e-2, rtol=1e-2)
 
@@ -296,10 +336,10 @@ def shipped_us(x: Inputs) -> tuple[float, str]:
     return graph_us(fn), tag
 
 
-def tma_us(x: Inputs, cfg: TmaConfig) -> float:
+def tma_us(x: Inputs, cfg: TmaConfig, contig) -> float:
     work = query_blocks(x.cu, cfg.block_q)
     return graph_us(
-        lambda: tma_prefill(x.q, x.kv, x.out, x.cu, x.seq_lens, x.block_table, cfg, work)
+        lambda: tma_prefill(x.q, x.kv, x.out, x.cu, x.seq_lens, x.block_table, cfg, work, contig)
     )
 
 
@@ -319,14 +359,18 @@ def bench(only: str) -> None:
                 f"{name}: page={page} shipped {tag}: {us:.1f} us {flops / us / 1e6:.1f} TFLOP/s",
                 flush=True,
             )
-            for cfg in TMA_CONFIGS if page % 128 == 0 else ():
+            # Pages of 16: TMA from the chunk's own contiguous K/V; pages of 128: from the cache.
+            contig = contiguous_kv(x) if page == 16 else None
+            source = "contiguous" if page == 16 else "paged"
+            for cfg in TMA_CONFIGS:
                 tag = (
-                    f"tma m={cfg.block_q * HQ // HKV} n={cfg.tile_n} w={cfg.num_warps} "
-                    f"st={cfg.stages} one_loop={int(cfg.single_loop)} ws={int(cfg.warp_spec)}"
+                    f"tma {source} m={cfg.block_q * HQ // HKV} n={cfg.tile_n} "
+                    f"w={cfg.num_warps} st={cfg.stages} one_loop={int(cfg.single_loop)} "
+                    f"ws={int(cfg.warp_spec)}"
                 )
                 try:
                     x.out.zero_()
-                    us = tma_us(x, cfg)
+                    us = tma_us(x, cfg, contig)
                 except Exception as e:  # a variant that does not compile: say so, go on
                     print(f"{name}: page={page} {tag}: {type(e).__name__}: {str(e)[:300]}")
                     continue
@@ -336,7 +380,7 @@ def bench(only: str) -> None:
                     f"(max |diff| vs shipped {diff:.1e})",
                     flush=True,
                 )
-            del x, ref
+            del x, ref, contig
             torch.cuda.empty_cache()
 
 
