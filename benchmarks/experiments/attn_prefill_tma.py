@@ -4,10 +4,11 @@ The shipped prefill (`_paged_attn_kernel`, 128 x 128 tiles) gathers each K/V til
 `cp.async` through the block table, since vLLM's 16-token pages are shorter than a tile. This
 experiment times, on the same values and in one run, torch SDPA, the shipped kernel at pages of
 16 and of 128 tokens, and a kernel that loads each tile with one tensor-memory-access copy
-(`_tma_prefill_kernel` below: a 2D descriptor over the cache, possible when a page holds whole
-tiles), with and without Triton's warp specialisation of the key loop. Its result decides
-whether a TMA path (pages of >= 64 tokens, or the chunk's own contiguous K/V) is worth adding
-to the product kernel, and gives the Triton ceiling behind #13's prefill row.
+(`_tma_prefill_kernel` below), with and without Triton's warp specialisation of the key loop:
+from the cache through a 2D descriptor where a page holds whole tiles (pages of 128), and from
+the chunk's own contiguous K/V, as a forward receives them, at any page size (pages of 16).
+Its result decides whether a TMA path is worth adding to the product kernel, and gives the
+Triton ceiling behind the prefill goal of `BWX_ATTN`.
 
     python benchmarks/experiments/attn_prefill_tma.py [--only SUBSTR]
     TRITON_INTERPRET=1 python benchmarks/experiments/attn_prefill_tma.py --check
