@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from .kernels import kv_gather as _kv
-from .kernels.checks import fail
+from .kernels.checks import check_index, fail
 
 NAMESPACE = "vllm_blackwell_ext"
 # What may hold an fp8 cache's bytes: its kv_cache_dtype string says how they are read.
@@ -28,19 +28,6 @@ _FP8_STORAGE_DTYPES: tuple[torch.dtype, ...] = (
     torch.uint8,
     *dict.fromkeys(_kv.FP8_KV_CACHE_DTYPES.values()),
 )
-
-
-def _check_index(name: str, t: object, device: torch.device, ndim: int) -> None:
-    if not isinstance(t, torch.Tensor):
-        fail(TypeError, name, "a torch.Tensor", type(t).__name__)
-    if t.dtype != torch.int32:
-        fail(TypeError, name, "dtype torch.int32", t.dtype)
-    if t.device != device:
-        fail(ValueError, name, f"a tensor on {device} (src_cache's device)", t.device)
-    if t.dim() != ndim:
-        fail(ValueError, name, f"a {ndim}-D tensor", f"shape {tuple(t.shape)}")
-    if t.stride(-1) != 1 and t.numel() > 1:
-        fail(ValueError, name, "unit stride in the last dim", f"strides {t.stride()}")
 
 
 def _check_cache_and_dst(src_cache: object, dst: object) -> None:
@@ -82,8 +69,8 @@ def _check_common(
 ) -> None:
     """`batch`: the sequence count, read from `batch_from` (named in errors)."""
     dev = src_cache.device
-    _check_index("block_table", block_table, dev, 2)
-    _check_index("cu_seq_lens", cu_seq_lens, dev, 1)
+    check_index("block_table", block_table, 2, dev, "src_cache")
+    check_index("cu_seq_lens", cu_seq_lens, 1, dev, "src_cache")
     if cu_seq_lens.numel() != batch + 1:
         fail(
             ValueError,
@@ -92,7 +79,7 @@ def _check_common(
             cu_seq_lens.numel(),
         )
     if seq_starts is not None:
-        _check_index("seq_starts", seq_starts, dev, 1)
+        check_index("seq_starts", seq_starts, 1, dev, "src_cache")
         if seq_starts.numel() < batch:
             fail(
                 ValueError,
@@ -174,7 +161,7 @@ def _validate_gather(
             )
     batch = block_table.shape[0] if isinstance(block_table, torch.Tensor) else 0
     _check_common(src_cache, dst, block_table, cu_seq_lens, batch, "block_table's rows", seq_starts)
-    _check_index("token_to_seq", token_to_seq, src_cache.device, 1)
+    check_index("token_to_seq", token_to_seq, 1, src_cache.device, "src_cache")
     if token_to_seq.numel() < num_tokens:
         fail(
             ValueError,

@@ -32,6 +32,7 @@ from vllm_blackwell_ext.kernels.paged_attention_configs import (  # noqa: E402
     SPLIT_KV_MAX_QUERY_LEN,
     plan_split_kv,
     select_config,
+    split_kv_max_tokens,
 )
 
 H200 = DeviceInfo("NVIDIA H200", (9, 0), num_sms=132, smem_per_block=232_448)
@@ -51,38 +52,54 @@ QWEN3_8B = jit_warmup.AttentionLayerKind(
 
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
 @pytest.mark.parametrize("gqa", [1, 4, 16])
-def test_warmup_keys_cover_every_tile_config_a_launch_can_pick(kv_dtype, gqa):
+@pytest.mark.parametrize("num_kv_heads", [8, 48])
+def test_warmup_keys_cover_every_variant_a_launch_can_compile(kv_dtype, gqa, num_kv_heads):
+    # Brute force over what launches reach: every query length, every batch the split plan
+    # may split, contexts up to max_model_len. A variant is the tile config and the merge
+    # (none, in the kernel, or the merge kernel). 48 KV heads: fp8 single tokens plan at
+    # most 8 splits (merged in the kernel) where 2-token launches on the same tile plan 11.
+    max_model_len = 32768
     layer = jit_warmup.AttentionLayerKind(
-        **{**QWEN3_8B.__dict__, "kv_dtype": kv_dtype, "num_q_heads": 8 * gqa}
+        **{
+            **QWEN3_8B.__dict__,
+            "kv_dtype": kv_dtype,
+            "num_kv_heads": num_kv_heads,
+            "num_q_heads": num_kv_heads * gqa,
+        }
     )
-    keys = jit_warmup.paged_attention_warmup_keys(layer, 32768, H200)
+    keys = jit_warmup.paged_attention_warmup_keys(layer, max_model_len, H200)
+    kv_elem = kv_dtype.itemsize
 
-    def config(q_len: int, split_kv: bool = False):
-        return select_config(
+    def variant(q_len: int, splits: int):
+        cfg = select_config(
             H200,
             head_k_pad=128,
             head_v_pad=128,
             gqa=gqa,
             max_seqlen_q=q_len,
-            kv_elem=kv_dtype.itemsize,
-            split_kv=split_kv,
+            kv_elem=kv_elem,
+            split_kv=splits > 1,
         )
+        if splits == 1:
+            return cfg, "unsplit"
+        return cfg, "in kernel" if splits <= cfg.merge_in_kernel_max_splits else "merge kernel"
 
-    launched = {config(q) for q in range(1, 4097)}
-    assert {config(k.max_seqlen_q) for k in keys} == launched
+    reached = {variant(q_len, 1) for q_len in range(1, 4097)}
+    max_tokens = split_kv_max_tokens(num_kv_heads, H200)
+    for q_len in range(1, SPLIT_KV_MAX_QUERY_LEN + 1):
+        for tokens in range(q_len, max_tokens + 1, q_len):
+            for ctx in (q_len, 600, 2048, 4096, 8192, max_model_len):
+                splits = plan_split_kv(tokens, q_len, ctx, num_kv_heads, H200, kv_elem=kv_elem)
+                reached.add(variant(q_len, splits))
+    warmed = {variant(k.max_seqlen_q, k.num_splits) for k in keys}
+    assert warmed == reached
     assert len({(k.max_seqlen_q, k.num_splits) for k in keys}) == len(keys)
-    for key in keys:
-        q_len = key.max_seqlen_q
-        most = plan_split_kv(q_len, q_len, 32768, 8, H200, kv_elem=kv_dtype.itemsize)
-        if q_len > SPLIT_KV_MAX_QUERY_LEN:  # prefill never splits
-            most = 1
-        in_kernel = config(q_len, split_kv=True).merge_in_kernel_max_splits
-        warmed = sorted(k.num_splits for k in keys if k.max_seqlen_q == q_len)
-        # Unsplit; split (merged in the kernel where the config merges 2 there); split beside
-        # the merge kernel where the config merges some in the kernel and the plan goes past.
-        expected = [1] + [2] * (most > 1) + [in_kernel + 1] * (2 <= in_kernel < most)
-        assert warmed == expected, key
-    # Decode at B=1 takes the most splits on an H200 at 32k: every variant is warmed.
+
+
+def test_decode_warmup_at_8_kv_heads_takes_each_merge():
+    # Qwen3-8B on an H200 at 32k: single-token decode plans past the in-kernel merge's
+    # limit, so its unsplit, in-kernel and merge-kernel variants are all warmed.
+    keys = jit_warmup.paged_attention_warmup_keys(QWEN3_8B, 32768, H200)
     assert [k.num_splits for k in keys if k.max_seqlen_q == 1] == [
         1,
         2,

@@ -85,10 +85,12 @@ def test_handles_are_reused_only_for_the_same_specialisation() -> None:
     assert run(base[:1024].half(), other[:1024].half()) == 4
     # Back to the first specialisation: its handle again, no new entry.
     assert run(base[2048:3072], other[:1024]) == 4
-    # A register cap is a launch option Triton compiles with: its own binary, within the cap.
+    # A register cap is a launch option Triton compiles with: its own binary, built with it.
     assert run(base[:1024], other[:1024], regs=24) == 5
     capped = [h for k, h in launcher._handles.items() if k[0] == (4, 3, 24)]
-    assert len(capped) == 1 and capped[0].n_regs <= 24
+    assert len(capped) == 1 and capped[0].metadata.maxnreg == 24
+    uncapped = [h for k, h in launcher._handles.items() if k[0] == (4, 3, 0)]
+    assert len(uncapped) == 4 and all(h.metadata.maxnreg is None for h in uncapped)
 
 
 def test_register_cap_launches_under_the_interpreter_too(device: str) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from vllm_blackwell_ext.kernels.device import CPU_DEVICE_INFO, DeviceInfo
@@ -52,6 +52,11 @@ gpu_only = pytest.mark.skipif(not ON_GPU, reason="real-size MLA decode needs a C
 
 OUT_ATOL = 2e-2
 OUT_RTOL = 2e-2
+# Outputs average values over many keys (|out| ~ 0.05 at thousands), where OUT_ATOL alone
+# would pass a wrong merge: each row's error is also held to this fraction of the row's RMS.
+# bf16 rounding of P and of the output costs 0.010-0.016 of it (simulated in fp32 at these
+# shapes); a merge that ignored the split weights was off by 0.17-0.57.
+OUT_ROW_RMS_FRACTION = 0.05
 LSE_ATOL = 1e-3
 ROPE = {512: 64, 256: 32}
 
@@ -145,6 +150,9 @@ def _assert_close(out, lse, ref_out, ref_lse) -> None:
     assert torch.isfinite(out).all(), "output has NaN/inf"
     assert not torch.isnan(lse).any(), "LSE has NaN"
     torch.testing.assert_close(out, ref_out, atol=OUT_ATOL, rtol=OUT_RTOL)
+    row_rms = ref_out.pow(2).mean(-1, keepdim=True).sqrt()
+    worst = ((out - ref_out).abs() - OUT_ROW_RMS_FRACTION * row_rms).max().item()
+    assert worst <= 1e-6, f"a row is off by more than {OUT_ROW_RMS_FRACTION} of its RMS"
     # -inf rows (no visible key) must match exactly; finite rows within LSE_ATOL.
     assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
     fin = torch.isfinite(ref_lse)
@@ -162,10 +170,22 @@ def _assert_close(out, lse, ref_out, ref_lse) -> None:
     query_len=st.integers(1, 3),
     block_size=st.sampled_from([1, 16, 32]),
     fp8=st.booleans(),
-    # 70: the wide-split merge config, with a partial second block of splits.
+    # None: the planner's choice (one split at these lengths). 70: the wide merge config,
+    # with at most 3 of its splits holding keys (32-key tiles): the rest are skipped by both
+    # kernels. `test_wide_merge_reads_splits_beyond_its_first_block` fills both blocks.
     num_splits=st.sampled_from([None, 1, 2, 5, 70]),
     seed=st.integers(0, 2**16),
 )
+# Cases every run covers, whatever hypothesis draws: fp8 with several splits and several
+# causal rows per request, at both latent widths.
+@example(
+    kv_lora_rank=512, num_heads=16, seq_lens=[70, 33], query_len=3, block_size=16, fp8=True,
+    num_splits=5, seed=3,
+)  # fmt: skip
+@example(
+    kv_lora_rank=256, num_heads=4, seq_lens=[65, 0, 7], query_len=2, block_size=1, fp8=True,
+    num_splits=2, seed=4,
+)  # fmt: skip
 def test_matches_reference_on_random_small_cases(
     device, kv_lora_rank, num_heads, seq_lens, query_len, block_size, fp8, num_splits, seed
 ):
@@ -320,6 +340,11 @@ def test_splits_past_a_short_request_are_neither_written_nor_read(device):
         (dict(seq_lens_int64=True), TypeError, "seq_lens"),
         (dict(kv_fp16=True), TypeError, "kv_cache"),
         (dict(fp8_odd_stride=True), ValueError, "kv_cache: expected .*even page and token"),
+        # A strided view would be read as other entries; other devices are refused by name.
+        (dict(seq_lens_strided=True), ValueError, "seq_lens: expected unit stride"),
+        (dict(seq_lens_meta=True), ValueError, "seq_lens: expected a tensor on"),
+        (dict(block_table_meta=True), ValueError, "block_table: expected a tensor on"),
+        (dict(scale_meta=True), ValueError, "k_scale: expected a tensor on"),
     ],
 )
 def test_bad_input_is_refused_naming_the_argument(device, change, exc, match):
@@ -327,7 +352,7 @@ def test_bad_input_is_refused_naming_the_argument(device, change, exc, match):
         device=device,
         kv_lora_rank=256,
         num_heads=2,
-        seq_lens=[4],
+        seq_lens=[4, 5],
         query_len=1,
         block_size=16,
         fp8=False,
@@ -342,6 +367,15 @@ def test_bad_input_is_refused_naming_the_argument(device, change, exc, match):
         seq = seq.long()
     if change.get("kv_fp16"):
         kv = kv.half()
+    if change.get("seq_lens_strided"):
+        seq = torch.stack([seq, seq], 1)[:, 0]
+    if change.get("seq_lens_meta"):
+        seq = seq.to("meta")
+    block_table = case["block_table"]
+    if change.get("block_table_meta"):
+        block_table = block_table.to("meta")
+    if change.get("scale_meta"):
+        scale = torch.tensor([1.0], device="meta")
     if change.get("fp8_odd_stride"):
         # Rows 289 bytes apart: the fp8 kernel's 16-bit pairs would straddle two tokens.
         wide = torch.zeros(kv.shape[0], kv.shape[1], kv.shape[2] + 1, device=device)
@@ -352,7 +386,7 @@ def test_bad_input_is_refused_naming_the_argument(device, change, exc, match):
         mla_decode(
             q,
             kv,
-            case["block_table"],
+            block_table,
             seq,
             out,
             softmax_scale=0.1,
@@ -376,12 +410,14 @@ def test_planner_fills_the_gpu_for_one_long_and_many_short_requests():
     for b in (1, 2, 7, 64):
         s, _ = plan_mla_decode(b, 16, 131072, 1, h200)
         assert s == 1 or ws.capacity_rows >= b * 16 * s
-    # ... and every plan of up to 64 tokens of verify blocks up to 4 tokens long.
+    # ... and every plan of up to 64 tokens of verify blocks up to 4 tokens long, at the
+    # longest context it was sized for and at shorter ones (fewer keys never split more).
     ws = MlaDecodeWorkspace.for_plans(64, 16, 131072, 4, 512, "cpu", info=h200)
-    for q in (1, 2, 3, 4):
-        for b in range(1, 64 // q + 1):
-            s, _ = plan_mla_decode(b, 16, 131072, q, h200)
-            assert s == 1 or ws.capacity_rows >= b * q * 16 * s, (q, b, s)
+    for ctx in (131072, 100_000, 32768, 5000, 700):
+        for q in (1, 2, 3, 4):
+            for b in range(1, 64 // q + 1):
+                s, _ = plan_mla_decode(b, 16, ctx, q, h200)
+                assert s == 1 or ws.capacity_rows >= b * q * 16 * s, (ctx, q, b, s)
 
 
 def test_few_request_launches_take_the_few_program_entry():
@@ -506,3 +542,20 @@ def test_cuda_graph_replay_with_workspace_matches_eager():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+    # Replayed at shorter lengths, as vLLM replays a graph captured for longer contexts: the
+    # splits past a request's keys are neither written nor read, so NaN left in their scratch
+    # never reaches the output.
+    case["seq_lens"].copy_(torch.tensor([700, 5], dtype=torch.int32))
+    ws.o_part.fill_(float("nan"))
+    ws.l_part.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed, replayed_lse = out.clone(), lse.clone()
+    step()
+    assert torch.equal(replayed, out) and torch.equal(replayed_lse, lse)
+    ref_out, ref_lse = mla_decode_reference(
+        q.cpu(), case["kv_cache"].cpu(), case["block_table"].cpu(), case["seq_lens"].cpu(),
+        softmax_scale=case["softmax_scale"], kv_lora_rank=512, query_len=1,
+        k_scale=case["k_scale"].cpu(),
+    )  # fmt: skip
+    _assert_close(replayed.float().cpu(), replayed_lse.cpu(), ref_out, ref_lse)

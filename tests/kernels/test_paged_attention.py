@@ -28,6 +28,7 @@ import triton
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vllm_blackwell_ext.kernels import paged_attention as pa
 from vllm_blackwell_ext.kernels.device import DeviceInfo
 from vllm_blackwell_ext.kernels.paged_attention import (
     SUPPORTED_HEAD_SIZES,
@@ -257,10 +258,17 @@ def test_split_kv_with_workspace_matches_unsplit(causal):
     [(None, None, False), (None, 30, True), (torch.float8_e4m3fn, None, True)],
 )
 @pytest.mark.parametrize("causal", [True, False])
-def test_split_kv_merged_in_kernel_matches_merge_kernel(causal, kv_dtype, window, sinks):
+def test_split_kv_merged_in_kernel_matches_merge_kernel(
+    causal, kv_dtype, window, sinks, monkeypatch
+):
     """The last split of each (query block, KV head) merges them all in the kernel; its
     counters are zero again after every launch, so a second launch on the same workspace
     merges right too."""
+    merge_launches = []
+    launch = pa._MERGE_LAUNCHER.launch
+    monkeypatch.setattr(
+        pa._MERGE_LAUNCHER, "launch", lambda *a, **k: merge_launches.append(1) or launch(*a, **k)
+    )
     dtype = torch.bfloat16
     case = make_case(
         [1, 3, 16, 1], [300, 257, 200, 40], num_q_heads=4, num_kv_heads=2, head_size=64,
@@ -276,8 +284,10 @@ def test_split_kv_merged_in_kernel_matches_merge_kernel(causal, kv_dtype, window
         sinks=torch.randn(4, generator=g).to(DEVICE) if sinks else None, **scales(kv_dtype),
     )  # fmt: skip
     by_kernel = run_both(case, config=replace(cfg, merge_in_kernel_max_splits=0), **kw)
+    assert len(merge_launches) == 1
     for _ in range(2):
         fused = run_both(case, config=replace(cfg, merge_in_kernel_max_splits=5), **kw)
+        assert len(merge_launches) == 1, "the in-kernel merge launched the merge kernel"
         assert not ws.split_counts.any(), "split counters left non-zero"
         torch.testing.assert_close(fused[0], fused[2], atol=TOL[dtype], rtol=TOL[dtype])
         torch.testing.assert_close(fused[1], fused[3], atol=2e-3, rtol=1e-3)
@@ -287,6 +297,7 @@ def test_split_kv_merged_in_kernel_matches_merge_kernel(causal, kv_dtype, window
     # Without a workspace the launch brings its own zeroed counters.
     kw.pop("workspace")
     alone = run_both(case, config=replace(cfg, merge_in_kernel_max_splits=5), **kw)
+    assert len(merge_launches) == 1
     torch.testing.assert_close(alone[0], alone[2], atol=TOL[dtype], rtol=TOL[dtype])
 
 
@@ -560,6 +571,10 @@ BAD_INPUTS = [
     ("cu_seqlens_q", TypeError, lambda a, k: a.__setitem__(4, a[4].long())),
     ("cu_seqlens_q", ValueError, lambda a, k: a.__setitem__(4, a[4][:-1])),
     ("seq_lens", TypeError, lambda a, k: a.__setitem__(5, a[5].long())),
+    # A strided view would be read as other entries.
+    ("seq_lens", ValueError, lambda a, k: a.__setitem__(5, a[5].repeat_interleave(2)[::2])),
+    ("cu_seqlens_q", ValueError, lambda a, k: a.__setitem__(4, a[4].repeat_interleave(2)[::2])),
+    ("seq_lens", ValueError, lambda a, k: a.__setitem__(5, a[5].to("meta"))),
     ("block_table", ValueError, lambda a, k: a.__setitem__(6, a[6][0])),
     ("sliding_window", ValueError, lambda a, k: k.__setitem__("sliding_window", 0)),
     ("softcap", ValueError, lambda a, k: k.__setitem__("softcap", -1.0)),

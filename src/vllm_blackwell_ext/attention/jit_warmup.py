@@ -33,6 +33,7 @@ from vllm_blackwell_ext.kernels.paged_attention_configs import (
     AttnConfig,
     plan_split_kv,
     select_config,
+    split_kv_max_tokens,
 )
 
 
@@ -88,17 +89,24 @@ def paged_attention_warmup_keys(
 
     for q_len in range(1, SPLIT_KV_MAX_QUERY_LEN + 2):
         cfg = config(q_len)
-        if cfg in configs:
-            continue
-        configs.add(cfg)
-        keys.append(PagedAttentionKey(layer, q_len))
-        if q_len > SPLIT_KV_MAX_QUERY_LEN:
-            continue  # prefill never splits
-        # A one-request launch asks for the most splits; any fewer, down to 2, may come.
-        most = plan_split_kv(q_len, q_len, max_model_len, layer.num_kv_heads, info, kv_elem=kv_elem)
-        in_kernel = config(q_len, split_kv=True).merge_in_kernel_max_splits
-        if most > 1:  # two splits merge in the kernel, unless it never does
-            keys.append(PagedAttentionKey(layer, q_len, 2))
+        if cfg not in configs:
+            configs.add(cfg)
+            keys.append(PagedAttentionKey(layer, q_len))
+    # Split variants, per split config: the most splits any batch of a decode length taking
+    # it plans (shorter contexts plan fewer, down to 2). Prefill never splits.
+    most_splits: dict[AttnConfig, tuple[int, int]] = {}
+    max_tokens = split_kv_max_tokens(layer.num_kv_heads, info)
+    for q_len in range(1, SPLIT_KV_MAX_QUERY_LEN + 1):
+        most = max(
+            plan_split_kv(tokens, q_len, max_model_len, layer.num_kv_heads, info, kv_elem=kv_elem)
+            for tokens in range(q_len, max_tokens + 1, q_len)
+        )
+        split_cfg = config(q_len, split_kv=True)
+        if most > most_splits.get(split_cfg, (0, 1))[1]:
+            most_splits[split_cfg] = (q_len, most)
+    for split_cfg, (q_len, most) in most_splits.items():
+        in_kernel = split_cfg.merge_in_kernel_max_splits
+        keys.append(PagedAttentionKey(layer, q_len, 2))  # merged in the kernel where it may
         if 2 <= in_kernel < most:  # more splits than merge in the kernel
             keys.append(PagedAttentionKey(layer, q_len, in_kernel + 1))
     return keys

@@ -16,9 +16,10 @@ each KV tile, and the kernel is built around that:
   split count stays cheap when it replays short contexts;
 - an fp8 e4m3 cache has its own split kernel: each tile is loaded once as fp8 (half the
   bytes), viewed as 16-bit pairs of columns so both products read it from shared memory with
-  ldmatrix, and widened in registers to fp16 (a byte permute and one convert per two values),
-  the query pre-scaled into fp16's range; the per-tensor scale is folded into the query and
-  the final output, not into every element;
+  ldmatrix, and widened in registers to fp16 (a byte permute and one convert per two values);
+  the query is multiplied by softmax scale x log2(e) x the per-tensor scale before it is
+  rounded to fp16, and the per-tensor scale also multiplies the final output, not every
+  element;
 - query_len up to 8 rows per request (MTP / speculative verification), causal within the rows;
 - capture-safe: with a preallocated `MlaDecodeWorkspace` and a given `num_splits`, `mla_decode`
   neither allocates nor synchronises with the host.
@@ -32,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_blackwell_ext.kernels.checks import fail
+from vllm_blackwell_ext.kernels.checks import check_index, fail
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
 from vllm_blackwell_ext.kernels.fp8_pairs import PAIRS_E4M3, PAIRS_E4M3_ASM, widen_fp8_pairs
 from vllm_blackwell_ext.kernels.host_ints import cdiv
@@ -679,17 +680,12 @@ def _validate(
             "a 1-element float32 tensor",
             f"{k_scale.dtype} {tuple(k_scale.shape)}",
         )
-    if block_table.dtype != torch.int32 or block_table.dim() != 2:
-        fail(
-            TypeError,
-            "block_table",
-            "int32 [batch, max_blocks]",
-            f"{block_table.dtype} {tuple(block_table.shape)}",
-        )
-    if block_table.stride(-1) != 1:
-        fail(ValueError, "block_table", "a contiguous last dim", f"strides {block_table.stride()}")
-    if seq_lens.dtype != torch.int32 or seq_lens.dim() != 1:
-        fail(TypeError, "seq_lens", "int32 [batch]", f"{seq_lens.dtype} {tuple(seq_lens.shape)}")
+    if k_scale is not None and k_scale.device != q.device:
+        fail(ValueError, "k_scale", f"a tensor on {q.device} (q's device)", k_scale.device)
+    if kv_cache.device != q.device:
+        fail(ValueError, "kv_cache", f"a tensor on {q.device} (q's device)", kv_cache.device)
+    check_index("block_table", block_table, 2, q.device, "q")
+    check_index("seq_lens", seq_lens, 1, q.device, "q")
     if not 1 <= query_len <= MAX_QUERY_LEN:
         fail(ValueError, "query_len", f"a value in [1, {MAX_QUERY_LEN}]", query_len)
     batch = seq_lens.shape[0]
@@ -709,14 +705,20 @@ def _validate(
             f"[{q.shape[0]}, {q.shape[1]}, {kv_lora_rank}] with a contiguous last dim",
             f"shape {tuple(out.shape)} strides {out.stride()}",
         )
+    if out.device != q.device:
+        fail(ValueError, "out", f"a tensor on {q.device} (q's device)", out.device)
     if lse_out is not None and (
-        lse_out.shape != q.shape[:2] or lse_out.dtype != torch.float32 or lse_out.stride(-1) != 1
+        lse_out.shape != q.shape[:2]
+        or lse_out.dtype != torch.float32
+        or lse_out.stride(-1) != 1
+        or lse_out.device != q.device
     ):
         fail(
             ValueError,
             "lse_out",
-            f"float32 [{q.shape[0]}, {q.shape[1]}] with a contiguous last dim",
-            f"{lse_out.dtype} {tuple(lse_out.shape)} strides {lse_out.stride()}",
+            f"float32 [{q.shape[0]}, {q.shape[1]}] on {q.device} with a contiguous last dim",
+            f"{lse_out.dtype} {tuple(lse_out.shape)} strides {lse_out.stride()} on "
+            f"{lse_out.device}",
         )
 
 
@@ -742,16 +744,17 @@ def mla_decode(
     """Absorbed-query MLA decode over a paged latent cache; writes and returns `out`.
 
     q: [num_tokens, num_heads, kv_lora_rank + rope_dim] (request-major: token t belongs to
-    request t // query_len); kv_cache: [num_blocks, block_size, kv_lora_rank + rope_dim], bf16
-    or float8_e4m3fn (value = stored * k_scale); block_table: int32 [batch, max_blocks];
-    seq_lens: int32 [batch], KV length including the new tokens; out: [num_tokens, num_heads,
-    kv_lora_rank]. Row j of a request sees keys [0, seq_len - query_len + j] (all seq_len keys
-    when `causal=False`). A row that sees no key (seq_len 0, as on a DCP rank holding none of a
-    request) gets output 0 and LSE -inf. `lse_out` (float32 [num_tokens, num_heads]) receives
-    the natural-log LSE. With `workspace` and `num_splits` given, nothing is allocated and the
-    host never waits on the GPU; otherwise `max_seq_len` (or, failing that, a host read of
-    `seq_lens`) feeds the split planner. `config` overrides the table's launch config (tuning);
-    `compiled`, when a list, receives the compiled split kernel (for shared/regs/spills).
+    request t // query_len); kv_cache: [num_blocks, block_size, kv_lora_rank + rope_dim], q's
+    dtype (bf16 or fp16) or float8_e4m3fn (value = stored * k_scale); block_table: int32 [batch,
+    max_blocks]; seq_lens: int32 [batch], KV length including the new tokens; out: [num_tokens,
+    num_heads, kv_lora_rank]. Row j of a request sees keys [0, seq_len - query_len + j] (all
+    seq_len keys when `causal=False`). A row that sees no key (seq_len 0, as on a DCP rank
+    holding none of a request) gets output 0 and LSE -inf. `lse_out` (float32 [num_tokens,
+    num_heads]) receives the natural-log LSE. With `workspace` and `num_splits` given, nothing
+    is allocated and the host never waits on the GPU; otherwise `max_seq_len` (or, failing that,
+    a host read of `seq_lens`) feeds the split planner. `config` overrides the table's launch
+    config (tuning); `compiled`, when a list, receives the compiled split kernel (for
+    shared/regs/spills).
     """
     _validate(q, kv_cache, block_table, seq_lens, out, kv_lora_rank, query_len, k_scale, lse_out)
     num_tokens, num_heads, _ = q.shape

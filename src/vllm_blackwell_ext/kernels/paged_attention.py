@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .checks import fail
+from .checks import check_index, fail
 from .device import DeviceInfo, device_info
 from .fp8_pairs import pair_mode, widen_fp8_pairs
 from .host_ints import next_power_of_2
@@ -733,15 +733,6 @@ def _check_head_size(name: str, hs: int) -> None:
         fail(ValueError, name, f"head size in {SUPPORTED_HEAD_SIZES}", f"head size {hs}")
 
 
-def _check_index_tensor(name: str, t: torch.Tensor, nd: int, q: torch.Tensor) -> None:
-    if t.dtype != torch.int32:
-        fail(TypeError, name, "dtype int32", t.dtype)
-    if t.dim() != nd:
-        fail(ValueError, name, f"{nd} dims", f"shape {tuple(t.shape)}")
-    if t.device != q.device:
-        fail(ValueError, name, f"device {q.device}", t.device)
-
-
 def _check_scale(name: str, sc: torch.Tensor | None, q: torch.Tensor) -> None:
     if sc is None:
         return
@@ -825,7 +816,7 @@ def _validate(
         ("seq_lens", seq_lens, 1),
         ("block_table", block_table, 2),
     ):
-        _check_index_tensor(name, t, nd, q)
+        check_index(name, t, nd, q.device, "q")
     batch = seq_lens.shape[0]
     if cu_seqlens_q.shape[0] != batch + 1:
         fail(

@@ -50,16 +50,16 @@ FP8_MIN_WAVE_FILL = 0.85
 # H200, that variant uncapped -> capped (`h200-attn-merge-in-kernel.txt`): B=8 32k 198.8 ->
 # 153.9 us, B=64 32k 1116.8 -> 1062.0 us; the variant beside the merge kernel is level.
 FP8_DECODE_MAX_REGISTERS = 65_536 // (FP8_PROGRAMS_PER_SM * 128) // 8 * 8
-# Split single-token decode (16-row tiles) of up to this many splits merges in the kernel: the
-# last split of each (request, KV head) to finish merges them all, which saves the merge
-# kernel's launch, a third to a half of an eager call's host time. GPU time is level within
-# the runs' spread: one program merges its splits serially, after the others. H200, Qwen3-8B
-# shapes, merge kernel -> in kernel, over runs (`benchmarks/experiments/attn_merge_in_kernel.py`,
-# `h200-attn-merge-in-kernel.txt`): fp8 B=64 32k (2 splits) 1039-1087 -> 1062-1071 us, host
-# 32-50 -> 22-33 us; fp8 B=8 32k (6) 151.6-152.8 -> 152.5-153.9 us, host 35-70 -> 22-32; bf16
-# B=8 32k (8) 266.7-270.8 -> 267.9-273.2 us, host 50-59 -> 25-33. Many splits or wider tiles
-# merge slower in one program: bf16 B=1 32k (64 splits) 52.8 -> 67.9 us, verify q=16 B=8 32k
-# (4 splits of 64-row tiles) 299.0 -> 303.9 us.
+# Split launches on 16-row tiles (single-token decode at GQA <= 16, verify blocks that fit) of up to
+# this many splits merge in the kernel: the last split of each (request, KV head) to finish merges
+# them all, which saves the merge kernel's launch, a third to a half of an eager call's host time.
+# GPU time is level within the runs' spread: one program merges its splits serially, after the
+# others. H200, Qwen3-8B shapes, merge kernel -> in kernel, over runs
+# (`benchmarks/experiments/attn_merge_in_kernel.py`, `h200-attn-merge-in-kernel.txt`): fp8 B=64 32k
+# (2 splits) 1039-1087 -> 1062-1071 us, host 32-50 -> 22-33 us; fp8 B=8 32k (6) 151.6-152.8 ->
+# 152.5-153.9 us, host 35-70 -> 22-32; bf16 B=8 32k (8) 266.7-270.8 -> 267.9-273.2 us, host 50-59 ->
+# 25-33. Many splits or wider tiles merge slower in one program: bf16 B=1 32k (64 splits) 52.8 ->
+# 67.9 us, verify q=16 B=8 32k (4 splits of 64-row tiles) 299.0 -> 303.9 us.
 MERGE_IN_KERNEL_MAX_SPLITS = 8
 # Five pipeline stages double-buffer a decode launch's K/V tiles: Triton pipelines them one
 # indirection (the block-table load) behind the loop, so 3 or 4 stages give them one buffer
@@ -160,12 +160,15 @@ def select_config(
         tile_n *= 2
     num_warps = 8 if block_m * head_max >= 128 * 128 or block_m >= 128 else 4
     prefill = max_seqlen_q > SPLIT_KV_MAX_QUERY_LEN
-    fp8_single_token = kv_elem == 1 and block_m == 16 and not prefill
+    # The fp8 decode rules below key on the 16-row tile, as the kernel variant does: single
+    # tokens at GQA <= 16 (where they were measured), and query blocks up to 16 rows (verify of
+    # up to 16 / GQA tokens, MHA included), which share that variant.
+    fp8_16_rows = kv_elem == 1 and block_m == 16 and not prefill
     # Interior tiles without masks: measured faster for prefill and fp8 single-token decode
     # (H200: fp8 B=8 32k 206.2 -> 191.2 us, B=64 32k 1519 -> 1471 us); slower for bf16
     # decode (B=64 32k 1899 -> 2447 us, the unsplit kernel went from 122 to 160 registers)
     # and short verify splits (q=16 B=1 8k 28.4 -> 31.0 us), which keep one masked loop.
-    unmasked = prefill or fp8_single_token
+    unmasked = prefill or fp8_16_rows
     big_smem = head_max <= 128 and info.smem_per_block >= DOUBLE_BUFFER_MIN_SMEM
     # Block-table reads one tile ahead: faster for prefill (H200, TFLOP/s: causal 8k 334.7 ->
     # 371.2, 4 x 4k 316.5 -> 349.4, 2k chunk after 14k 328.8 -> 367.8, fp8 8k 305.9 -> 315.8),
@@ -185,10 +188,10 @@ def select_config(
             block_m, block_q, PREFILL_WIDE_TILE_N, num_warps, PREFILL_WIDE_STAGES, True, unmasked,
             prefetch, pairs,
         )  # fmt: skip
-    if big_smem and not prefill and (fp8_single_token or (kv_elem == 2 and split_kv)):
+    if big_smem and not prefill and (fp8_16_rows or (kv_elem == 2 and split_kv)):
         return AttnConfig(
             block_m, block_q, tile_n, num_warps, DOUBLE_BUFFER_STAGES, True, unmasked, prefetch,
-            pairs, in_kernel, FP8_DECODE_MAX_REGISTERS if fp8_single_token else 0,
+            pairs, in_kernel, FP8_DECODE_MAX_REGISTERS if fp8_16_rows else 0,
         )  # fmt: skip
     limit = int(info.smem_per_block * 0.9)  # margin for Triton's own layout scratch
     # Bytes in flight per program are stages x tile: keep 2-3 stages and shrink the tile
