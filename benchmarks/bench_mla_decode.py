@@ -9,9 +9,12 @@ called as vLLM 0.32's `TritonMLAImpl.forward_mqa` calls it: its split-count form
 `attn_logits` scratch of [rows, heads, splits, 513], query rows of a multi-token block
 flattened with per-row causal extents.
 
-`flashinfer-mla` is FlashInfer's MLA decode (`benchmarks/flashinfer_peer.py`), `flashmla`
-FlashMLA's dense decode built from source on the GPU machine (`benchmarks/flashmla_peer.py`;
-bf16 rows only: it has no dense fp8 decode).
+`flashinfer-mla` is FlashInfer's MLA decode (`benchmarks/flashinfer_peer.py`). `flashmla` is
+FlashMLA's dense decode as vLLM ships it where vLLM's CUDA wheel is installed (bf16 and fp8,
+`benchmarks/vllm_cuda_peers.py`), else built from FlashMLA's source on the GPU machine
+(`benchmarks/flashmla_peer.py`; bf16 rows only). Every peer's output is checked against ours
+once per case (the notes give max |peer - ours| over the RMS of ours), and a read-only stream
+is measured beside the copy roofline.
 
     python benchmarks/bench_mla_decode.py [--out-dir DIR] [--peer-dir .peer] [--only SUBSTR]
         [--flashinfer-dir .peer_flashinfer] [--flashmla-dir .peer_flashmla]
@@ -35,10 +38,14 @@ from benchmarks.harness import (
     Row,
     bench_us,
     copy_roofline_gbps,
+    gap_note,
     gpu_slug,
+    output_gap,
     progress,
+    read_roofline_gbps,
     report,
 )
+from benchmarks.vllm_cuda_peers import FlashMlaVllm
 from benchmarks.vllm_peer import load_vllm_peer, peer_not_run_note
 from vllm_blackwell_ext.kernels.device import device_info
 from vllm_blackwell_ext.kernels.mla_decode import (
@@ -143,8 +150,8 @@ def ours_fn(c: Case, x: Inputs, **kw):
     out = torch.empty(x.q.shape[0], c.heads, R, dtype=x.q.dtype, device=x.q.device)
     lse = torch.empty(x.q.shape[0], c.heads, dtype=torch.float32, device=x.q.device)
 
-    def fn() -> None:
-        mla_decode(
+    def fn() -> torch.Tensor:
+        return mla_decode(
             x.q,
             x.cache,
             x.block_table,
@@ -202,7 +209,7 @@ class PeerVllm:
         one = torch.tensor(1.0, dtype=torch.float32, device=x.q.device)
         scale = x.k_scale if x.k_scale is not None else one
 
-        def fn() -> None:
+        def fn() -> torch.Tensor:
             self.fn(
                 x.q,
                 kv,
@@ -219,6 +226,7 @@ class PeerVllm:
                 v_scale=scale,
                 is_mla=True,
             )
+            return o
 
         return fn
 
@@ -273,6 +281,45 @@ def compiled_stats(c: Case, x: Inputs) -> str:
     )
 
 
+def time_peers(c: Case, x: Inputs, timer, ours_out: torch.Tensor, peers, notes: list[str]):
+    """Each available peer's figure for case `c`; its output checked against ours (notes)."""
+    scale = float(x.k_scale) if x.k_scale is not None else None
+    makers = {}  # name -> a maker of a timed callable that returns the peer's output
+    for p in peers:
+        if isinstance(p, PeerVllm):
+            makers[PEER] = lambda p=p: p.make(c, x)
+        elif isinstance(p, FlashInferMla):
+            makers[p.name] = lambda p=p: p.make(
+                q=x.q, cache=x.cache, block_table=x.block_table, seq_lens=x.seq_lens,
+                query_len=c.q_len, rank=R, softmax_scale=W**-0.5, k_scale=scale,
+            )  # fmt: skip
+        elif p is not None:  # FlashMLA, from vLLM's wheel or from source
+            makers[p.name] = lambda p=p: p.make(
+                q=x.q, cache=x.cache, block_table=x.block_table, seq_lens=x.seq_lens,
+                query_len=c.q_len, rank=R, softmax_scale=W**-0.5, k_scale=x.k_scale,
+            )  # fmt: skip
+    figures: dict[str, float] = {}
+    gaps: dict[str, float] = {}
+    for name, make in makers.items():
+        try:
+            fn = make()
+            result = fn()
+            out = result[0] if isinstance(result, tuple) else result
+            gaps[name] = output_gap(ours_out, out)
+            figures[name] = figure(c, timer(fn))
+        except PeerRefuses as e:  # source-built FlashMLA on fp8: once in the notes
+            note = peer_not_run_note(name, f"fp8 rows: {e}")
+            if note not in notes:
+                notes.append(note)
+        except Exception as e:  # a case a peer refuses: say so in the notes, go on
+            note = peer_not_run_note(name, f"{c.name}: {type(e).__name__}: {e}"[:300])
+            print(note, flush=True)
+            notes.append(note)
+    if gaps:
+        notes.append(gap_note(c.name, gaps))
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python benchmarks/bench_mla_decode.py", description=__doc__.splitlines()[0]
@@ -321,23 +368,33 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # not installed and no wheels, or it does not import here
             peer_notes.append(peer_not_run_note(FlashInferMla.name, f"{type(e).__name__}: {e}"))
             print(peer_notes[-1], flush=True)
-    fmla: FlashMla | None = None
+    fmla: FlashMlaVllm | FlashMla | None = None
     if args.no_peer:
         peer_notes.append(peer_not_run_note(FlashMla.name, "--no-peer"))
     else:
         try:
-            fmla = FlashMla(args.flashmla_dir)
-        except Exception as e:  # no sources, or they do not build here: the others anyway
-            peer_notes.append(peer_not_run_note(FlashMla.name, f"{type(e).__name__}: {e}"[:600]))
-            print(peer_notes[-1], flush=True)
+            fmla = FlashMlaVllm()
+        except Exception as wheel_error:  # no vLLM CUDA wheel: FlashMLA's source, if carried
+            try:
+                fmla = FlashMla(args.flashmla_dir)
+            except Exception as e:  # no sources, or they do not build here: the others anyway
+                why = f"{wheel_error}; and from source: {type(e).__name__}: {e}"
+                peer_notes.append(peer_not_run_note(FlashMla.name, why[:600]))
+                print(peer_notes[-1], flush=True)
     roof_gbps = copy_roofline_gbps(dev)
+    read_gbps = read_roofline_gbps(dev)
     roof_tflops = matmul_tflops(dev)
-    print(f"copy roofline {roof_gbps:.0f} GB/s, bf16 matmul {roof_tflops:.0f} TFLOP/s", flush=True)
+    print(
+        f"copy roofline {roof_gbps:.0f} GB/s, read-only stream {read_gbps:.0f} GB/s, "
+        f"bf16 matmul {roof_tflops:.0f} TFLOP/s",
+        flush=True,
+    )
     caches = Caches(dev)
     rows: list[Row] = []
     notes: list[str] = [
         *peer_notes,
-        f"copy roofline {roof_gbps:.0f} GB/s; bf16 matmul {roof_tflops:.0f} TFLOP/s",
+        f"copy roofline {roof_gbps:.0f} GB/s (a read-only stream: {read_gbps:.0f} GB/s); "
+        f"bf16 matmul {roof_tflops:.0f} TFLOP/s",
         "timing: " + ("CUDA-graph replays (as vLLM decodes)" if args.graph else "eager calls"),
     ]
     selected = [c for c in cases() if args.only is None or args.only in c.name]
@@ -346,37 +403,10 @@ def main(argv: list[str] | None = None) -> int:
         x = make_inputs(c, caches)
         stats = compiled_stats(c, x)
         timer = graph_us if args.graph else bench_us
-        ours = figure(c, timer(ours_fn(c, x)))
-        peers: dict[str, float] = {}
-        if peer is not None:
-            peers[PEER] = figure(c, timer(peer.make(c, x)))
-        if fi is not None:
-            try:
-                fi_fn = fi.make(
-                    q=x.q, cache=x.cache, block_table=x.block_table, seq_lens=x.seq_lens,
-                    query_len=c.q_len, rank=R, softmax_scale=W**-0.5,
-                    k_scale=float(x.k_scale) if x.k_scale is not None else None,
-                )  # fmt: skip
-                peers[fi.name] = figure(c, timer(fi_fn))
-            except Exception as e:  # a kind FlashInfer refuses: say so in the table, go on
-                note = peer_not_run_note(fi.name, f"{c.name}: {type(e).__name__}: {e}"[:300])
-                print(note, flush=True)
-                notes.append(note)
-        if fmla is not None:
-            try:
-                fmla_fn = fmla.make(
-                    q=x.q, cache=x.cache, block_table=x.block_table, seq_lens=x.seq_lens,
-                    query_len=c.q_len, rank=R, softmax_scale=W**-0.5,
-                )  # fmt: skip
-                peers[fmla.name] = figure(c, timer(fmla_fn))
-            except PeerRefuses as e:  # fp8: once in the notes, not once per row
-                note = peer_not_run_note(fmla.name, f"fp8 rows: {e}")
-                if note not in notes:
-                    notes.append(note)
-            except Exception as e:  # a case FlashMLA refuses: say so in the table, go on
-                note = peer_not_run_note(fmla.name, f"{c.name}: {type(e).__name__}: {e}"[:300])
-                print(note, flush=True)
-                notes.append(note)
+        ours_call = ours_fn(c, x)
+        ours = figure(c, timer(ours_call))
+        ours_out = ours_call().clone()
+        peers = time_peers(c, x, timer, ours_out, [peer, fi, fmla], notes)
         if c.metric == "us":
             # Where the time goes: the eager call (host launch included) and the split stage
             # alone with one split (no merge).

@@ -4,11 +4,16 @@ Qwen3-8B shapes (32 query heads, 8 KV heads, head 128, block 16), pages shuffled
 the serving shapes that matter: decode (bf16 and fp8 KV), spec-verify and DFlash draft blocks
 (query 8/16, causal and not), the sliding-window draft layer and prefill. GB/s counts the KV
 bytes a case must read (in the cache dtype) per second; the copy roofline is measured in the
-same run. Peers: `vllm-triton-unified` (vLLM's kernel via `benchmarks/vllm_peer.py`,
-scratch sized as vLLM's TritonAttentionMetadataBuilder sizes it), `flashinfer`
-(`benchmarks/flashinfer_peer.py`) and, for prefill, `sdpa` (torch SDPA on contiguous K/V,
-which dispatches to FlashAttention). The `host` cases time eager calls instead: host wall time
-per call without synchronising, back-to-back eager time per call, and the CUDA-graph replay.
+same run, and so is a read-only stream (the ceiling of a kernel that only reads). Peers:
+`vllm-triton-unified` (vLLM's kernel via `benchmarks/vllm_peer.py`, scratch sized as vLLM's
+TritonAttentionMetadataBuilder sizes it), `vllm-fa3` (vLLM's FlashAttention 3, its default on
+Hopper, where vLLM's CUDA wheel is installed: `benchmarks/vllm_cuda_peers.py`), `flashinfer`
+(`benchmarks/flashinfer_peer.py`) and, for prefill, torch SDPA on contiguous K/V as torch
+dispatches it (`sdpa`) and pinned to its FlashAttention and cuDNN backends (`sdpa-flash`,
+`sdpa-cudnn`). Every peer's output is checked against ours once per case (the notes give
+max |peer - ours| over the RMS of ours). The `host` cases time eager calls instead: host wall
+time per call without synchronising, back-to-back eager time per call, and the CUDA-graph
+replay, each its own metric.
 
     python benchmarks/bench_paged_attention.py [--out-dir DIR] [--peer-dir .peer] [--only SUBSTR]
         [--sweep SECONDS] [--flashinfer-dir .peer_flashinfer] [--no-flashinfer]
@@ -33,10 +38,14 @@ from benchmarks.harness import (
     Row,
     bench_us,
     copy_roofline_gbps,
+    gap_note,
     gpu_slug,
+    output_gap,
     progress,
+    read_roofline_gbps,
     report,
 )
+from benchmarks.vllm_cuda_peers import FlashAttn3Paged
 from benchmarks.vllm_peer import load_vllm_peer, peer_not_run_note
 from vllm_blackwell_ext.kernels.device import device_info
 from vllm_blackwell_ext.kernels.paged_attention import (
@@ -197,8 +206,12 @@ class PeerVllm:
         return fn
 
 
-def sdpa_fn(c: Case, x: Inputs):
-    """FlashAttention via SDPA on contiguous K/V (prefill without context only)."""
+SDPA_BACKENDS = {"sdpa": None, "sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION"}
+
+
+def sdpa_fn(c: Case, x: Inputs, backend: str | None = None):
+    """SDPA on contiguous K/V (prefill without context only), as torch dispatches it or pinned
+    to one backend; returns the output in our token-major layout."""
     if c.q_len != c.ctx or c.fp8:
         return None
     pages = x.block_table.long()
@@ -208,7 +221,22 @@ def sdpa_fn(c: Case, x: Inputs):
     v = v.repeat_interleave(HQ // HKV, dim=1).contiguous()
     q = x.q.view(c.batch, c.q_len, HQ, D).transpose(1, 2).contiguous()
     f = torch.nn.functional.scaled_dot_product_attention
-    return lambda: f(q, k, v, is_causal=True, scale=D**-0.5)
+    if backend is None:
+        return lambda: f(q, k, v, is_causal=True, scale=D**-0.5)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    pinned = getattr(SDPBackend, backend)
+
+    def run() -> torch.Tensor:
+        with sdpa_kernel(pinned):
+            return f(q, k, v, is_causal=True, scale=D**-0.5)
+
+    return run
+
+
+def as_tokens(c: Case, out: torch.Tensor) -> torch.Tensor:
+    """An SDPA output [batch, heads, len, head] in our [tokens, heads, head] order."""
+    return out.transpose(1, 2).reshape(c.batch * c.q_len, HQ, D)
 
 
 def graph_us(fn, warmup_ms: float = 25, rep_ms: float = 100) -> float:
@@ -335,23 +363,31 @@ def eager_us(fn, n: int = 200) -> float:
     return start.elapsed_time(end) * 1e3 / n
 
 
-def host_rows(c: Case, x: Inputs, ws: SplitKVWorkspace, peer: PeerVllm | None) -> list[Row]:
-    """Host time, back-to-back eager time and CUDA-graph replay of ours and the peer."""
+def host_rows(
+    c: Case, x: Inputs, ws: SplitKVWorkspace, peer: PeerVllm | None, fa3: FlashAttn3Paged | None
+) -> list[Row]:
+    """Host time, back-to-back eager time and CUDA-graph replay of ours and the peers."""
     fns = {"ours": ours_fn(c, x, ws, check_inputs=False)}
     if peer is not None:
         fns[PEER] = peer.make(c, x)
+    if fa3 is not None:
+        fns[fa3.name] = fa3_fn(fa3, c, x)
     host = {k: host_us(f) for k, f in fns.items()}
     eager = {k: eager_us(f) for k, f in fns.items()}
     graph = {k: graph_us(f) for k, f in fns.items()}
     ratio = {k: eager[k] / graph[k] for k in fns}
     print(f"{c.name}: host us {host}, eager us/call {eager}, graph us {graph}", flush=True)
 
-    def row(suffix: str, d: dict[str, float]) -> Row:
+    def row(suffix: str, metric: str, d: dict[str, float]) -> Row:
         return Row(
-            f"{c.name}: {suffix}", "us", d["ours"], {k: v for k, v in d.items() if k != "ours"}
+            f"{c.name}: {suffix}", metric, d["ours"], {k: v for k, v in d.items() if k != "ours"}
         )
 
-    rows = [row("host us/call", host), row("eager us/call", eager), row("graph replay", graph)]
+    rows = [
+        row("host per call", "host us", host),
+        row("eager per call", "eager us", eager),
+        row("graph replay", "us", graph),
+    ]
     print(f"{c.name}: eager/graph ours {ratio['ours']:.2f} "
           f"peer {ratio.get(PEER, float('nan')):.2f}", flush=True)  # fmt: skip
     return rows
@@ -365,6 +401,14 @@ def flashinfer_fn(fi: FlashInferPaged, c: Case, x: Inputs):
     )  # fmt: skip
 
 
+def fa3_fn(fa3: FlashAttn3Paged, c: Case, x: Inputs):
+    return fa3.make(
+        kv=x.kv, q=x.q, cu_seqlens_q=x.cu, seq_lens=x.seq_lens, block_table=x.block_table,
+        max_seqlen_q=x.max_seqlen_q, max_seqlen_k=c.ctx, causal=c.causal, window=c.window,
+        k_scale=x.k_scale, v_scale=x.v_scale,
+    )  # fmt: skip
+
+
 def run_case(
     c: Case,
     ws: SplitKVWorkspace,
@@ -373,31 +417,49 @@ def run_case(
     dev: str,
     fi: FlashInferPaged | None = None,
     notes: list[str] | None = None,
+    fa3: FlashAttn3Paged | None = None,
 ) -> list[Row]:
+    notes = notes if notes is not None else []
     x = Inputs(c, dev)
     if c.host:
-        return host_rows(c, x, ws, peer)
+        return host_rows(c, x, ws, peer, fa3)
     stats = compiled_stats(c, x, ws)
     us = graph_us(ours_fn(c, x, ws))
-    peers: dict[str, float] = {}
+    ours_out = x.out.clone()
+    # name -> a callable returning its output in our layout (None: it wrote x.out)
+    makers = {}
     if peer is not None:
-        peers[PEER] = figure(c, graph_us(peer.make(c, x)))
-    if c.metric == "TFLOP/s":
-        f = sdpa_fn(c, x)
-        if f is not None:
-            peers["sdpa"] = figure(c, graph_us(f))
+        makers[PEER] = lambda: peer.make(c, x)
+    if fa3 is not None:
+        makers[fa3.name] = lambda: fa3_fn(fa3, c, x)
     if fi is not None:
+        makers[fi.name] = lambda: flashinfer_fn(fi, c, x)
+    if c.metric == "TFLOP/s":
+        for name, backend in SDPA_BACKENDS.items():
+            if sdpa_fn(c, x, backend) is not None:
+                makers[name] = lambda b=backend: sdpa_fn(c, x, b)
+    peers: dict[str, float] = {}
+    gaps: dict[str, float] = {}
+    for name, make in makers.items():
         try:
-            peers[fi.name] = figure(c, graph_us(flashinfer_fn(fi, c, x)))
-        except Exception as e:  # a kind FlashInfer refuses: say so in the table, go on
-            note = peer_not_run_note(fi.name, f"{c.name}: {type(e).__name__}: {e}"[:300])
+            fn = make()
+            result = fn()
+            out = x.out if result is None else result
+            gaps[name] = output_gap(ours_out, as_tokens(c, out) if "sdpa" in name else out)
+            peers[name] = figure(c, graph_us(fn))
+        except Exception as e:  # a kind a peer refuses: say so in the notes, go on
+            note = peer_not_run_note(name, f"{c.name}: {type(e).__name__}: {e}"[:300])
             print(note, flush=True)
-            if notes is not None:
-                notes.append(note)
+            notes.append(note)
+    if gaps:
+        notes.append(gap_note(c.name, gaps))
+        print(notes[-1], flush=True)
     rows = [Row(c.name, c.metric, figure(c, us), peers, roof if c.metric == "GB/s" else None)]
     if c.metric == "us":  # also eagerly: what a run without CUDA graphs pays per call
         eager = {PEER: bench_us(peer.make(c, x))} if peer is not None else {}
-        rows.append(Row(c.name + " (eager)", "us", bench_us(ours_fn(c, x, ws)), eager))
+        if fa3 is not None:
+            eager[fa3.name] = bench_us(fa3_fn(fa3, c, x))
+        rows.append(Row(c.name + " (eager)", "eager us", bench_us(ours_fn(c, x, ws)), eager))
     for r in rows:
         print(f"{r.case}: ours {r.ours:.1f} {r.metric} ({us:.1f} us); peers "
               f"{ {k: round(v, 1) for k, v in r.peers.items()} }; {stats}", flush=True)  # fmt: skip
@@ -443,12 +505,20 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # not installed and no wheels, or it does not import here
             peer_notes.append(peer_not_run_note(FlashInferPaged.name, f"{type(e).__name__}: {e}"))
             print(peer_notes[-1], flush=True)
+    fa3: FlashAttn3Paged | None = None
+    try:
+        fa3 = FlashAttn3Paged()
+    except Exception as e:  # no vLLM CUDA wheel here (the native image): the others anyway
+        peer_notes.append(peer_not_run_note(FlashAttn3Paged.name, f"{type(e).__name__}: {e}"))
+        print(peer_notes[-1], flush=True)
+    read_roof = read_roofline_gbps(dev)
+    print(f"read-only stream: {read_roof:.0f} GB/s", flush=True)
     ws = SplitKVWorkspace.for_device(HQ, HKV, D, device=dev)
     rows: list[Row] = []
     todo = [c for c in cases() if args.only is None or args.only in c.name]
     for c in progress(todo, "paged attention"):
         try:
-            rows.extend(run_case(c, ws, peer, roof, dev, fi, peer_notes))
+            rows.extend(run_case(c, ws, peer, roof, dev, fi, peer_notes, fa3))
         except Exception as e:  # one broken case must not lose the others' figures
             print(f"{c.name}: FAILED {e!r}", flush=True)
         gc.collect()
@@ -462,7 +532,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out_dir,
         notes=[
             *peer_notes,
-            f"copy roofline {roof:.0f} GB/s (read + written); GB/s rows count KV bytes read",
+            f"copy roofline {roof:.0f} GB/s (read + written); GB/s rows count KV bytes read; "
+            f"a read-only stream ran at {read_roof:.0f} GB/s in the same run",
             "Qwen3-8B shapes: 32 q heads, 8 KV heads, head 128, block 16, shuffled pages",
             "times are CUDA-graph replays (as vLLM runs decode) for ours and every peer; "
             "'(eager)' rows are plain Python launches",

@@ -1,14 +1,15 @@
 """FlashInfer as a benchmark peer: `flashinfer` (paged GQA) and `flashinfer-mla` in the tables.
 
-FlashInfer is what vLLM picks on Hopper and Blackwell for paged attention and MLA decode. On a
-GPU machine without a package registry, carry `.peer_flashinfer/` as
-`scripts/fetch_flashinfer_peer.sh` fills it (flashinfer-python's files as one xz archive and
-the apache-tvm-ffi wheel, about 20 MiB: the 62 MiB wheel itself does not fit one command's
-carry beside the checkout); `load_flashinfer(dir)` unpacks and installs them into `dir/site`
-once (no dependencies) and imports FlashInfer. Its other requirements at import (nvidia-ml-py,
-einops, tabulate, ninja, cuda-bindings) are in the H200 image. FlashInfer compiles each kernel
-with nvcc on first use (cached under ~/.cache/flashinfer): about 2.5 minutes for every kind the
-benchmarks use on the H200, run in parallel.
+FlashInfer is what vLLM picks on Blackwell for paged attention and among its MLA decode choices
+(on Hopper vLLM 0.32 puts FlashAttention 3 and FlashMLA first:
+`benchmarks/vllm_cuda_peers.py`). On a GPU machine without a package registry, carry
+`.peer_flashinfer/` as `scripts/fetch_flashinfer_peer.sh` fills it (flashinfer-python's files
+as one xz archive and the apache-tvm-ffi wheel, about 20 MiB: the 62 MiB wheel itself does not
+fit one command's carry beside the checkout); `load_flashinfer(dir)` unpacks and installs them
+into `dir/site` once (no dependencies) and imports FlashInfer. Its other requirements at import
+(nvidia-ml-py, einops, tabulate, ninja, cuda-bindings) are in the H200 image. FlashInfer
+compiles each kernel with nvcc on first use (cached under ~/.cache/flashinfer): about 2.5
+minutes for every kind the benchmarks use on the H200, run in parallel.
 
 Each peer gets FlashInfer's own cache layout, with the benchmark's values and page table:
 paged GQA an NHD cache `[pages, 2, page, kv_heads, head]`, MLA its split form (latent and rope

@@ -9,8 +9,10 @@ builds them on the GPU machine with torch's extension builder (nvcc, sm_90a; abo
 on the H200 machine the first time, cached in `dir/build`), bound by `flashmla_dense_decode.cpp`
 beside this file.
 
-Its dense decode takes bf16 / fp16 caches with 64-token pages (fp8 only in its sparse, DSA
-decode, a different cache format): fp8 rows say so in the table instead of a figure.
+This build's dense decode takes bf16 / fp16 caches with 64-token pages (fp8 only in its
+sparse, DSA decode, a different cache format): fp8 rows say so in the table instead of a
+figure. Where vLLM's CUDA wheel is installed, the benchmark takes vLLM's FlashMLA build instead
+(`benchmarks/vllm_cuda_peers.py`), which also decodes fp8 caches.
 """
 
 from __future__ import annotations
@@ -93,8 +95,10 @@ class FlashMla:
         self.ext = load_flashmla(peer_dir)
 
     def make(self, *, q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
-             seq_lens: torch.Tensor, query_len: int, rank: int, softmax_scale: float):  # fmt: skip
-        """`q` [tokens, heads, rank + rope], `cache` [pages, 64, rank + rope]; a timed callable."""
+             seq_lens: torch.Tensor, query_len: int, rank: int, softmax_scale: float,
+             k_scale: torch.Tensor | None = None):  # fmt: skip
+        """`q` [tokens, heads, rank + rope], `cache` [pages, 64, rank + rope]; a timed callable
+        returning (output, lse, ...). `k_scale` is for fp8 caches, which this build refuses."""
         if cache.dtype not in (torch.bfloat16, torch.float16):
             raise PeerRefuses(
                 f"FlashMLA's dense decode takes bf16/fp16 caches, not {cache.dtype} "

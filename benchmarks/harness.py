@@ -6,11 +6,12 @@ case and hands the rows to `report`, which prints the table with the ratios and 
 ``<out_dir>/<gpu>-<op>.{md,json,png}``. The JSON is the machine-checkable record::
 
     {"gpu": ..., "op": ..., "command": ..., "rows": [
-        {"case": ..., "metric": "GB/s" | "TFLOP/s" | "us" | "tok/s" | "ms", "ours": x,
-         "peers": {"<peer>": x, ...}, "roofline": x | null}]}
+        {"case": ..., "metric": "GB/s" | "TFLOP/s" | "us" | "eager us" | "host us" | "tok/s"
+         | "ms", "ours": x, "peers": {"<peer>": x, ...}, "roofline": x | null}]}
 
-Higher is better for GB/s, TFLOP/s and tok/s (serving throughput), lower for us and ms
-(serving latencies). tqdm and matplotlib are optional: without
+Higher is better for GB/s, TFLOP/s and tok/s (serving throughput), lower for the times: us
+(GPU time, CUDA-graph replays), eager us (back-to-back eager calls), host us (CPU time of one
+call) and ms (serving latencies), each summarised apart. tqdm and matplotlib are optional: without
 them there is no progress bar and no PNG (`plot_json` draws it later from the JSON).
 """
 
@@ -26,9 +27,23 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+import triton
+import triton.language as tl
 
-METRICS = ("GB/s", "TFLOP/s", "us", "tok/s", "ms")
-HIGHER_IS_BETTER = {"GB/s": True, "TFLOP/s": True, "us": False, "tok/s": True, "ms": False}
+METRICS = ("GB/s", "TFLOP/s", "us", "eager us", "host us", "tok/s", "ms")
+HIGHER_IS_BETTER = {
+    "GB/s": True,
+    "TFLOP/s": True,
+    "us": False,
+    "eager us": False,
+    "host us": False,
+    "tok/s": True,
+    "ms": False,
+}
+# A peer whose output is further than this from ours (max |peer - ours| over the RMS of ours)
+# is flagged in the notes: same inputs, so beyond rounding (and a peer's fp8 query) it is a
+# different computation, and its figure does not compare.
+OUTPUT_GAP_FLAG = 0.1
 T = TypeVar("T")
 
 
@@ -87,6 +102,55 @@ def copy_roofline_gbps(device: str | torch.device = "cuda", nbytes: int = 2 << 3
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return 2 * nbytes / (us * 1e-6) / 1e9
+
+
+def read_roofline_gbps(device: str | torch.device = "cuda", nbytes: int = 2 << 30) -> float:
+    """A read-only stream of `nbytes` (summed into one int per program), bytes read per second.
+
+    Reading alone runs faster than a copy's mixed read and write: the ceiling a kernel that
+    only reads its inputs (attention decode) can approach.
+    """
+    x = torch.empty(nbytes // 4, dtype=torch.int32, device=device)
+    x.random_(0, 1 << 16)
+    per_program = _READ_BLOCK * _READ_ITERS
+    sums = torch.empty(triton.cdiv(x.numel(), per_program), dtype=torch.int32, device=device)
+    grid = (sums.numel(),)
+    us = bench_us(
+        lambda: _read_kernel[grid](x, sums, x.numel(), _READ_BLOCK, _READ_ITERS, num_warps=8)
+    )
+    x = sums = None
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return nbytes / (us * 1e-6) / 1e9
+
+
+_READ_BLOCK, _READ_ITERS = 4096, 8  # 128 KiB per program
+
+
+@triton.jit
+def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    start = tl.program_id(0).to(tl.int64) * BLOCK * ITERS
+    acc = tl.zeros([BLOCK], tl.int32)
+    for i in range(ITERS):
+        offs = start + i * BLOCK + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + offs, mask=offs < n, other=0)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(acc))
+
+
+def output_gap(ours: torch.Tensor, peer: torch.Tensor) -> float:
+    """max |peer - ours| over the RMS of ours, on the same elements (`peer` reshaped)."""
+    ref = ours.float()
+    diff = peer.reshape(ours.shape).float() - ref
+    return (diff.abs().max() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
+
+
+def gap_note(case: str, gaps: dict[str, float]) -> str:
+    """One notes line: each peer's `output_gap` for `case`, flagged past OUTPUT_GAP_FLAG."""
+    cells = [
+        f"{name} {gap:.1e}" + (" (MISMATCH)" if not gap <= OUTPUT_GAP_FLAG else "")
+        for name, gap in gaps.items()
+    ]
+    return f"output check, {case}: max |peer - ours| / RMS(ours): " + ", ".join(cells)
 
 
 def gpu_slug(device: str | torch.device | int | None = None) -> str:
