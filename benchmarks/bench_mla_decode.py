@@ -349,8 +349,23 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_mla_decode: needs a CUDA GPU", file=sys.stderr)
         return 2
     dev = "cuda"
-    peer = None
     peer_notes: list[str] = []
+    # vLLM's FlashMLA first: where it imports, vLLM's own Triton MLA kernel is the peer below
+    # (no stand-ins shadow the installed vLLM).
+    fmla: FlashMlaVllm | FlashMla | None = None
+    if args.no_peer:
+        peer_notes.append(peer_not_run_note(FlashMla.name, "--no-peer"))
+    else:
+        try:
+            fmla = FlashMlaVllm()
+        except Exception as wheel_error:  # no vLLM CUDA wheel: FlashMLA's source, if carried
+            try:
+                fmla = FlashMla(args.flashmla_dir)
+            except Exception as e:  # no sources, or they do not build here: the others anyway
+                why = f"{wheel_error}; and from source: {type(e).__name__}: {e}"
+                peer_notes.append(peer_not_run_note(FlashMla.name, why[:600]))
+                print(peer_notes[-1], flush=True)
+    peer = None
     if not args.no_peer:
         try:
             peer = PeerVllm(args.peer_dir)
@@ -368,19 +383,6 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # not installed and no wheels, or it does not import here
             peer_notes.append(peer_not_run_note(FlashInferMla.name, f"{type(e).__name__}: {e}"))
             print(peer_notes[-1], flush=True)
-    fmla: FlashMlaVllm | FlashMla | None = None
-    if args.no_peer:
-        peer_notes.append(peer_not_run_note(FlashMla.name, "--no-peer"))
-    else:
-        try:
-            fmla = FlashMlaVllm()
-        except Exception as wheel_error:  # no vLLM CUDA wheel: FlashMLA's source, if carried
-            try:
-                fmla = FlashMla(args.flashmla_dir)
-            except Exception as e:  # no sources, or they do not build here: the others anyway
-                why = f"{wheel_error}; and from source: {type(e).__name__}: {e}"
-                peer_notes.append(peer_not_run_note(FlashMla.name, why[:600]))
-                print(peer_notes[-1], flush=True)
     roof_gbps = copy_roofline_gbps(dev)
     read_gbps = read_roofline_gbps(dev)
     roof_tflops = matmul_tflops(dev)

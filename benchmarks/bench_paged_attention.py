@@ -489,8 +489,16 @@ def main(argv: list[str] | None = None) -> int:
     dev = "cuda"
     roof = copy_roofline_gbps(dev)
     print(f"copy roofline: {roof:.0f} GB/s", flush=True)
-    peer: PeerVllm | None = None
     peer_notes: list[str] = []
+    # vLLM's CUDA kernels first: where they import, vLLM's own Triton kernel is the peer below
+    # (no stand-ins shadow the installed vLLM).
+    fa3: FlashAttn3Paged | None = None
+    try:
+        fa3 = FlashAttn3Paged()
+    except Exception as e:  # no vLLM CUDA wheel here (the native image): the others anyway
+        peer_notes.append(peer_not_run_note(FlashAttn3Paged.name, f"{type(e).__name__}: {e}"))
+        print(peer_notes[-1], flush=True)
+    peer: PeerVllm | None = None
     try:
         peer = PeerVllm(args.peer_dir, dev)
     except Exception as e:  # missing, or the stand-ins lag a newer kernel file: ours anyway
@@ -505,12 +513,6 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # not installed and no wheels, or it does not import here
             peer_notes.append(peer_not_run_note(FlashInferPaged.name, f"{type(e).__name__}: {e}"))
             print(peer_notes[-1], flush=True)
-    fa3: FlashAttn3Paged | None = None
-    try:
-        fa3 = FlashAttn3Paged()
-    except Exception as e:  # no vLLM CUDA wheel here (the native image): the others anyway
-        peer_notes.append(peer_not_run_note(FlashAttn3Paged.name, f"{type(e).__name__}: {e}"))
-        print(peer_notes[-1], flush=True)
     read_roof = read_roofline_gbps(dev)
     print(f"read-only stream: {read_roof:.0f} GB/s", flush=True)
     ws = SplitKVWorkspace.for_device(HQ, HKV, D, device=dev)

@@ -5,9 +5,10 @@ folder (`.peer` by default); `load_vllm_peer(peer_dir)` puts stand-ins for the f
 those files import (platforms, triton_utils, envs, logger, kv_cache_interface) into
 `sys.modules`, so `from vllm.v1.attention.ops... import ...` finds vLLM's kernel.
 
-Only for the benchmark processes: the stand-ins shadow a real vLLM, so this refuses to run in a
-process that has imported vLLM already. `PeerMissing` says why a peer could not be loaded; the
-benchmarks print it and write it into their table and JSON.
+Only for the benchmark processes. Where vLLM is imported already (a machine with vLLM's CUDA
+wheel, whose own kernels the benchmarks import first for the FA3 and FlashMLA peers), its own
+kernel files are the peer and no stand-in is installed. `PeerMissing` says why a peer could not
+be loaded; the benchmarks print it and write it into their table and JSON.
 """
 
 from __future__ import annotations
@@ -73,13 +74,14 @@ def _module(name: str, **attrs) -> types.ModuleType:
 
 
 def load_vllm_peer(peer_dir: str) -> None:
-    """Make `import vllm.v1.attention.ops.<kernel file>` load the copies under `peer_dir`."""
+    """Make `import vllm.v1.attention.ops.<kernel file>` load the copies under `peer_dir`, or,
+    where vLLM itself is imported already, leave vLLM's own kernel files to be imported."""
     root = os.path.abspath(os.path.join(peer_dir, "vllm"))
-    if not os.path.isdir(os.path.join(root, "v1", "attention", "ops")):
-        raise PeerMissing(f"no vLLM kernel files under {peer_dir!r}: run {FETCH_HINT}")
     loaded = sys.modules.get("vllm")
     if loaded is not None and getattr(loaded, "__path__", [None])[0] != root:
-        raise PeerMissing("vLLM is imported in this process: its kernels are the real peer")
+        return  # the installed vLLM: its own kernels are the peer
+    if not os.path.isdir(os.path.join(root, "v1", "attention", "ops")):
+        raise PeerMissing(f"no vLLM kernel files under {peer_dir!r}: run {FETCH_HINT}")
     import triton
     import triton.language as tl
 
