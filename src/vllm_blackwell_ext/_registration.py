@@ -65,7 +65,8 @@ def register() -> None:
                     version,
                 )
             return
-        # Validate the opt-in before touching vLLM, so a typo fails before anything changes.
+        # Validate the opt-ins before touching vLLM, so a typo fails before anything changes
+        # (BWX_DFLASH in `_register_components`, ahead of its first registration).
         cpu_overrides = parse_cpu_override(os.environ.get(CPU_OVERRIDE_ENV))
         registered = _register_components(cpu_overrides)
         _state["registered"] = registered
@@ -82,6 +83,16 @@ def registered_components() -> dict[str, dict[str, str]]:
 def _register_components(cpu_overrides: tuple[str, ...]) -> dict[str, dict[str, str]]:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
+    # Everything that can refuse (the opt-ins, what this build holds) is settled before the
+    # first registration: a refusal leaves vLLM as it was.
+    for target in cpu_overrides:
+        backend = components.CPU_OVERRIDE_TARGETS[target]
+        if not components.module_exists(backend.class_path.rsplit(".", 1)[0]):
+            raise ValueError(
+                f"{CPU_OVERRIDE_ENV} asks for {target!r}, but {backend.name} is not part of "
+                "this build of vllm-blackwell-ext"
+            )
+    models = components.available_models()
     result: dict[str, dict[str, str]] = {
         "backends": {},
         "cpu_overrides": {},
@@ -93,15 +104,9 @@ def _register_components(cpu_overrides: tuple[str, ...]) -> dict[str, dict[str, 
         result["backends"][backend.name] = backend.class_path
     for target in cpu_overrides:
         backend = components.CPU_OVERRIDE_TARGETS[target]
-        if not components.module_exists(backend.class_path.rsplit(".", 1)[0]):
-            raise ValueError(
-                f"{CPU_OVERRIDE_ENV} asks for {target!r}, but {backend.name} is not part of "
-                "this build of vllm-blackwell-ext"
-            )
         for member_name in backend.cpu_members:
             register_backend(AttentionBackendEnum[member_name], backend.class_path)
             result["cpu_overrides"][member_name] = backend.class_path
-    models = components.available_models()
     if models:
         from vllm import ModelRegistry
 
@@ -138,7 +143,8 @@ def register_named_backend(name: str, class_path: str):
         member = AttentionBackendEnum[name]
     elif member.get_path() != class_path:
         register_backend(member, class_path)
-    # Instance attribute, looked up by pickle before the class's Enum.__reduce_ex__.
+    # Instance attribute, looked up by pickle before the class's Enum.__reduce_ex__: the one
+    # attribute we set on a vLLM object, and only on the BWX_* members registered above.
     member.__reduce_ex__ = _NamedBackendReducer(name, class_path)
     return member
 

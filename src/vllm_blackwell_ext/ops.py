@@ -17,10 +17,13 @@ checks them on the host and raises instead, see `vllm_blackwell_ext.kernels.kv_g
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .kernels import kv_gather as _kv
 from .kernels.checks import check_index, fail
+from .kernels.device import MIN_FP8_CAPABILITY, device_info
 
 NAMESPACE = "vllm_blackwell_ext"
 # What may hold an fp8 cache's bytes: its kv_cache_dtype string says how they are read.
@@ -39,6 +42,8 @@ def _check_cache_and_dst(src_cache: object, dst: object) -> None:
         fail(ValueError, "src_cache", "[num_blocks, block_size, *entry]", tuple(src_cache.shape))
     if src_cache.shape[1] < 1:
         fail(ValueError, "src_cache", "block_size (dim 1) >= 1", src_cache.shape[1])
+    if math.prod(src_cache.shape[2:]) < 1:
+        fail(ValueError, "src_cache", "entries of at least one element", tuple(src_cache.shape))
     if src_cache.device.type == "cpu" and not _kv.INTERPRETED:
         fail(
             ValueError,
@@ -99,7 +104,10 @@ def _validate_gather(
     kv_cache_dtype,
     scale,
     seq_starts,
+    symbolic_tokens: bool = False,
 ) -> None:
+    """`symbolic_tokens`: num_tokens is a torch.compile symbol (the fake): its checks wait for
+    the real call, every other check runs."""
     _check_cache_and_dst(src_cache, dst)
     if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in _kv.KV_CACHE_DTYPES:
         fail(
@@ -108,17 +116,31 @@ def _validate_gather(
             f"one of {list(_kv.KV_CACHE_DTYPES)}",
             repr(kv_cache_dtype),
         )
-    if not isinstance(num_tokens, int) or isinstance(num_tokens, bool):
-        fail(TypeError, "num_tokens", "an int", type(num_tokens).__name__)
-    if num_tokens < 0:
-        fail(ValueError, "num_tokens", "a count >= 0", num_tokens)
+    if not symbolic_tokens:
+        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool):
+            fail(TypeError, "num_tokens", "an int", type(num_tokens).__name__)
+        if num_tokens < 0:
+            fail(ValueError, "num_tokens", "a count >= 0", num_tokens)
+        if dst.dim() < 1 or dst.shape[0] < num_tokens:
+            fail(
+                ValueError,
+                "dst",
+                f"at least num_tokens={num_tokens} rows",
+                f"shape {tuple(dst.shape)}",
+            )
     if dst.dtype not in _kv.DST_DTYPES:
         fail(TypeError, "dst", f"dtype in {list(_kv.DST_DTYPES)}", dst.dtype)
-    if dst.dim() < 1 or dst.shape[0] < num_tokens:
-        fail(
-            ValueError, "dst", f"at least num_tokens={num_tokens} rows", f"shape {tuple(dst.shape)}"
-        )
     fp8 = _kv.FP8_KV_CACHE_DTYPES.get(kv_cache_dtype)
+    if fp8 is not None and src_cache.is_cuda:
+        capability = device_info(src_cache.device).capability
+        if capability < MIN_FP8_CAPABILITY:
+            fail(
+                ValueError,
+                "kv_cache_dtype",
+                f"a GPU of compute capability >= {MIN_FP8_CAPABILITY} for {kv_cache_dtype!r} "
+                "(Triton's fp8 conversions)",
+                f"{kv_cache_dtype!r} on one of {capability}",
+            )
     if fp8 is not None:
         # The bytes are read as `kv_cache_dtype` says, whatever 1-byte dtype views them: vLLM
         # hands MLA caches over viewed as its platform's fp8 dtype, e5m2 caches included.
@@ -162,7 +184,7 @@ def _validate_gather(
     batch = block_table.shape[0] if isinstance(block_table, torch.Tensor) else 0
     _check_common(src_cache, dst, block_table, cu_seq_lens, batch, "block_table's rows", seq_starts)
     check_index("token_to_seq", token_to_seq, 1, src_cache.device, "src_cache")
-    if token_to_seq.numel() < num_tokens:
+    if not symbolic_tokens and token_to_seq.numel() < num_tokens:
         fail(
             ValueError,
             "token_to_seq",
@@ -177,6 +199,8 @@ def _validate_cp_gather(src_cache, dst, block_table, cu_seq_lens, batch_size, se
         fail(TypeError, "batch_size", "an int", type(batch_size).__name__)
     if batch_size < 0:
         fail(ValueError, "batch_size", "a count >= 0", batch_size)
+    if src_cache.dtype.is_complex:
+        fail(TypeError, "src_cache", "a real or integer dtype (copied as it is)", src_cache.dtype)
     if dst.dtype != src_cache.dtype:
         fail(TypeError, "dst", f"src_cache's dtype {src_cache.dtype} (a raw copy)", dst.dtype)
     _check_common(src_cache, dst, block_table, cu_seq_lens, batch_size, "batch_size", seq_starts)
@@ -235,19 +259,20 @@ def _gather_fake(
     scale: torch.Tensor | None,
     seq_starts: torch.Tensor | None = None,
 ) -> None:
-    # Metadata checks only; a symbolic num_tokens (torch.compile dynamic) skips the int checks.
-    if isinstance(num_tokens, int):
-        _validate_gather(
-            src_cache,
-            dst,
-            block_table,
-            cu_seq_lens,
-            token_to_seq,
-            num_tokens,
-            kv_cache_dtype,
-            scale,
-            seq_starts,
-        )
+    # Metadata checks only; a symbolic num_tokens (torch.compile dynamic) leaves its own
+    # checks to the real call.
+    _validate_gather(
+        src_cache,
+        dst,
+        block_table,
+        cu_seq_lens,
+        token_to_seq,
+        num_tokens,
+        kv_cache_dtype,
+        scale,
+        seq_starts,
+        symbolic_tokens=not isinstance(num_tokens, int),
+    )
 
 
 def _cp_gather_impl(

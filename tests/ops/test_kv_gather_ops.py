@@ -107,6 +107,38 @@ def test_compiled_caller_traces_through_the_fake_impl(device):
     assert torch.equal(got, want) and torch.equal(a["dst"] * 2, want)
 
 
+def test_compiled_caller_with_a_dynamic_token_count(device):
+    # Under dynamic shapes num_tokens is a symbol: the fake checks everything else, the real
+    # call checks it; each count gathers exactly its rows.
+    a = small_args(device)
+    step = torch.compile(
+        lambda src, dst, bt, cu, t2s, n, scale, starts: ops.gather_and_maybe_dequant_cache(
+            src, dst, bt, cu, t2s, n, "fp8", scale, starts
+        ),
+        fullgraph=True,
+        dynamic=True,
+        backend="aot_eager",
+    )
+    for n in (16, 12, 9):
+        got = torch.zeros_like(a["dst"])
+        step(a["src_cache"], got, a["block_table"], a["cu_seq_lens"], a["token_to_seq"], n,
+             a["scale"], a["seq_starts"])  # fmt: skip
+        want = torch.zeros_like(a["dst"])
+        gather_and_maybe_dequant_cache_ref(**{**a, "dst": want, "num_tokens": n})
+        assert torch.equal(got, want), n
+
+
+def test_the_fake_checks_all_but_a_symbolic_token_count(device):
+    # What tracing sees: num_tokens is a symbol (here a stand-in object), the rest is checked.
+    a = small_args(device)
+    symbol = object()
+    ops._gather_fake(**{**a, "num_tokens": symbol})  # a valid call passes
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        ops._gather_fake(**{**a, "num_tokens": symbol, "kv_cache_dtype": "fp4"})
+    with pytest.raises(TypeError, match="block_table"):
+        ops._gather_fake(**{**a, "num_tokens": symbol, "block_table": a["block_table"].long()})
+
+
 def _bad_gather_cases():
     cases = {
         "block_table int64": (
@@ -167,6 +199,14 @@ def _bad_gather_cases():
             ValueError,
             lambda a: {"seq_starts": a["seq_starts"][:1]},
         ),
+        "empty entries": (
+            "src_cache",
+            ValueError,
+            lambda a: {
+                "src_cache": a["src_cache"][..., :0],
+                "dst": torch.zeros(20, 0, device=a["dst"].device),
+            },
+        ),
     }
     return [pytest.param(*v, id=k) for k, v in cases.items()]
 
@@ -210,6 +250,15 @@ def test_bad_gather_input_names_the_argument_and_writes_nothing(arg, exc, change
             TypeError,
             lambda a: {"cu_seq_lens": a["cu_seq_lens"].long()},
             id="cu int64",
+        ),
+        pytest.param(
+            "src_cache",
+            TypeError,
+            lambda a: {
+                "src_cache": a["src_cache"].to(torch.complex64),
+                "dst": a["dst"].to(torch.complex64),
+            },
+            id="complex",
         ),
     ],
 )

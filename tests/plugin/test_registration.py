@@ -29,7 +29,10 @@ def fresh_state(monkeypatch):
         ("0.32.3+cpu", True),
         ("0.33.0", True),
         ("0.34.0+cu130", True),
+        ("0.32.1.dev3+g123abc", True),
+        ("0.34.9rc1", True),
         ("0.35.0", False),
+        ("0.35.0.dev12", False),
         ("0.31.9", False),
         ("dev", False),
         (None, False),
@@ -74,6 +77,27 @@ def test_unknown_cpu_override_names_accepted_values(fresh_state, monkeypatch):
     monkeypatch.setenv(reg.CPU_OVERRIDE_ENV, "attn,flash")
     with pytest.raises(ValueError, match=r"BWX_CPU_BACKENDS.*'flash'.*\['attn', 'mla'\]"):
         reg.register()
+
+
+def test_a_bad_dflash_opt_in_is_refused_before_anything_is_registered():
+    # A fresh interpreter: this process registered BWX_* members already.
+    script = textwrap.dedent("""
+        import os
+        os.environ["BWX_DFLASH"] = "maybe"
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+        from vllm_blackwell_ext import _registration as reg
+        try:
+            reg.register()
+        except ValueError as e:
+            print("refused:", "BWX_DFLASH" in str(e))
+        print("registered:", "BWX_ATTN" in AttentionBackendEnum.__members__,
+              reg.registered_components())
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["refused: True", "registered: False {}"]
 
 
 _UNPICKLE_IN_FRESH_PROCESS = textwrap.dedent(
