@@ -12,9 +12,12 @@ Triton ceiling behind the prefill goal of `BWX_ATTN`.
 
     python benchmarks/experiments/attn_prefill_tma.py [--only SUBSTR]
     TRITON_INTERPRET=1 python benchmarks/experiments/attn_prefill_tma.py --check
+    python benchmarks/experiments/attn_prefill_tma.py --compile-only [--capability 90]
 
 `--check` runs the TMA kernel on small shapes against the pure-torch reference (the CPU
-interpreter, or the GPU) and exits.
+interpreter, or the GPU) and exits. `--compile-only` compiles every config for a GPU
+architecture without one (Triton's bundled ptxas) and prints registers, shared memory, warps
+and whether warp specialisation took (`setmaxnreg` in the PTX), or the compiler's refusal.
 
 What Triton 3.6's Hopper warp specialisation (`tl.range(..., warp_specialize=True)`) accepts,
 found by offline sm90 compiles: a kernel whose query tile comes through a descriptor, with no
@@ -385,13 +388,64 @@ def bench(only: str) -> None:
             torch.cuda.empty_cache()
 
 
+def compile_only(capability: int) -> None:
+    """Each TMA config (paged, pages of 128; and contiguous) compiled offline for `capability`."""
+    import re
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    print(f"# triton {triton.__version__}, offline compile for sm{capability}")
+    k = _tma_prefill_kernel
+    for page in (128, 0):
+        for cfg in TMA_CONFIGS:
+            consts = dict(
+                NUM_KV_HEADS=HKV, GQA=HQ // HKV, HEAD=D, BLOCK_Q=cfg.block_q, TILE_N=cfg.tile_n,
+                PAGE=page, STAGES=cfg.stages, SINGLE_LOOP=cfg.single_loop,
+                WARP_SPEC=cfg.warp_spec, DOT_FP32=False,
+            )  # fmt: skip
+            ptrs = ("out_ptr", "cu_q_ptr", "seq_lens_ptr", "block_table_ptr", "work_ptr")
+            sig = {n: "constexpr" for n in consts}
+            sig |= {n: "*bf16" if n == "out_ptr" else "*i32" for n in ptrs}
+            sig |= {n: f"tensordesc<bf16[{cfg.tile_n},{D}]>" for n in ("k_desc", "v_desc")}
+            sig["q_desc"] = f"tensordesc<bf16[{cfg.block_q},{HQ // HKV},{D}]>"
+            sig |= {"qk_scale": "fp32", "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32"}
+            aligned = (*ptrs, "stride_ot", "stride_oh")
+            attrs = {(k.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+            tag = (
+                f"{'contiguous' if page == 0 else 'paged'} m={cfg.block_q * HQ // HKV} "
+                f"n={cfg.tile_n} w={cfg.num_warps} st={cfg.stages} "
+                f"one_loop={int(cfg.single_loop)} ws={int(cfg.warp_spec)}"
+            )
+            try:
+                c = triton.compile(
+                    ASTSource(fn=k, signature=sig, constexprs=consts, attrs=attrs),
+                    target=GPUTarget("cuda", capability, 32),
+                    options=dict(num_warps=cfg.num_warps, num_stages=cfg.stages),
+                )
+            except Exception as e:  # the compiler's refusal is the finding
+                print(f"{tag}: {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
+                continue
+            caps = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", c.asm["ptx"])
+            print(
+                f"{tag}: warps {c.metadata.num_warps}, shared {c.metadata.shared} B, "
+                f"maxnreg {sorted({int(n) for _, n in caps}, reverse=True) or '-'}",
+                flush=True,
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="run cases whose name contains this")
     ap.add_argument("--check", action="store_true", help="correctness on small shapes only")
+    ap.add_argument("--compile-only", action="store_true", help="offline compile facts only")
+    ap.add_argument("--capability", type=int, default=90, help="with --compile-only")
     args = ap.parse_args()
     if args.check:
         check()
+        return
+    if args.compile_only:
+        compile_only(args.capability)
         return
     gpu = torch.cuda.get_device_name()
     print(f"# torch {torch.__version__}, triton {triton.__version__}, {gpu}")
