@@ -216,12 +216,38 @@ PRECEDENCE = [
         [_FULL_NC] * 5,
     ),
     (
-        "speculators sliding_window_non_causal=False means causal",
+        # speculators: the flag binds sliding layers; full layers are always bidirectional.
+        "speculators sliding_window_non_causal=False leaves full layers bidirectional",
         SPECULATORS_DFLASH,
         {"sliding_window_non_causal": False},
-        [(True, None)] * 5,
+        [_FULL_NC] * 5,
     ),
 ]
+
+
+def test_speculators_sliding_window_non_causal_binds_only_the_sliding_layers() -> None:
+    mixed = _with(
+        _with(SPECULATORS_DFLASH, "sliding_window_non_causal", False),
+        "transformer_layer_config.layer_types",
+        ["sliding_attention"] * 4 + ["full_attention"],
+    )
+    mixed = _with(mixed, "transformer_layer_config.sliding_window", 256)
+    plan = normalize_dflash_config(mixed)
+    assert [(lp.causal, lp.sliding_window) for lp in plan.layers] == [(True, 256)] * 4 + [_FULL_NC]
+
+
+def test_a_converted_speculators_draft_whose_full_layers_vllm_made_causal_is_refused() -> None:
+    # What vLLM 0.32 hands over for that export: dflash_config.causal=True for every layer.
+    converted = _with(
+        _with(ZLAB_QWEN3_8B_B16, "dflash_config.causal", True),
+        "eagle_aux_hidden_state_layer_ids",
+        [2, 10, 18, 26, 34],
+    )
+    with pytest.raises(ValueError, match=r"full-attention layers \[0, 1, 2, 3, 4\] causal"):
+        normalize_dflash_config(converted)
+    # A z-lab draft that asks for causal layers itself is served as asked.
+    plan = normalize_dflash_config(_with(ZLAB_QWEN3_8B_B16, "dflash_config.causal", True))
+    assert all(lp.causal for lp in plan.layers)
 
 
 @pytest.mark.parametrize(

@@ -192,8 +192,10 @@ def _from_speculators(raw: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
     """speculators-format -> (architecture fields, dflash fields in z-lab convention).
 
     speculators stores `aux_hidden_state_layer_ids` in vLLM's capture convention (id L = output
-    of layer L - 1), i.e. z-lab `target_layer_ids` + 1; `sliding_window_non_causal` (default
-    True) chooses causality (vLLM 0.32 `transformers_utils/configs/speculators/algos.py`).
+    of layer L - 1), i.e. z-lab `target_layer_ids` + 1. `sliding_window_non_causal` (default
+    True) chooses the causality of sliding layers only: speculators trains full-attention
+    layers bidirectional whatever it says (its mask: `non_causal = sliding_window is None or
+    sliding_window_non_causal`).
     """
     arch = dict(raw.get("transformer_layer_config") or {})
     if not arch:
@@ -210,13 +212,16 @@ def _from_speculators(raw: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
     dflash["target_layer_ids"] = [_int_field("aux_hidden_state_layer_ids[]", i) - 1 for i in aux]
     if raw.get("mask_token_id") is not None:
         dflash["mask_token_id"] = raw["mask_token_id"]
-    dflash["causal"] = not raw.get("sliding_window_non_causal", True)
+    dflash[_SLIDING_CAUSAL] = not raw.get("sliding_window_non_causal", True)
     if raw.get("block_size") is not None:
         arch["block_size"] = raw["block_size"]
     if raw.get("target_hidden_size") is not None:
         arch["target_hidden_size"] = raw["target_hidden_size"]
     return arch, dflash
 
+
+# A speculators export's causality, which binds its sliding layers only (`_from_speculators`).
+_SLIDING_CAUSAL = "sliding_causal"
 
 # Fields that change the draft's outputs, with the value at which they change nothing.
 _NEUTRAL_FIELDS: tuple[tuple[str, object], ...] = (
@@ -281,7 +286,22 @@ def _resolve_layers(
     # Causality: explicit is_causal, then dflash_config.causal, then checkpoint conventions.
     if cfg.get("is_causal") is not None:
         causal = [bool(cfg["is_causal"])] * num_layers
+    elif dflash.get(_SLIDING_CAUSAL) is not None:
+        causal = [is_sliding and bool(dflash[_SLIDING_CAUSAL]) for is_sliding in sliding]
     elif dflash.get("causal") is not None:
+        if dflash["causal"] and cfg.get("eagle_aux_hidden_state_layer_ids") is not None:
+            full = [i for i in range(num_layers) if not sliding[i]]
+            if full:
+                # vLLM 0.32 turns a speculators export's sliding_window_non_causal=False into
+                # dflash_config.causal=True for every layer; speculators trained the full
+                # layers bidirectional, and this converted config no longer says which.
+                raise ValueError(
+                    f"this draft (a speculators export as vLLM 0.32 converts it) would run its "
+                    f"full-attention layers {full} causal, but speculators trains them "
+                    "bidirectional (only sliding layers follow sliding_window_non_causal); "
+                    "refusing rather than serving the draft with other attention than it was "
+                    "trained with"
+                )
         causal = [bool(dflash["causal"])] * num_layers
     elif any_sliding:
         # z-lab mixed drafts (gemma-4 / Qwen3.5 style): sliding layers were trained causal.
