@@ -406,13 +406,31 @@ def test_num_speculative_tokens_above_block_minus_one_is_refused() -> None:
             dict(num_target_layers=36, target_hidden_size=4096, target_vocab_size=1000),
             "mask_token_id",
         ),
+        (
+            # The mask token fits, the vocabularies differ: no map between them.
+            dict(num_target_layers=36, target_hidden_size=4096, target_vocab_size=152064),
+            "vocab_size 151936 differs",
+        ),
     ],
-    ids=["hidden-size-disagrees", "layer-outside-target", "mask-outside-target-vocab"],
+    ids=[
+        "hidden-size-disagrees",
+        "layer-outside-target",
+        "mask-outside-target-vocab",
+        "vocab-differs",
+    ],
 )
 def test_target_mismatch_is_refused(kwargs: dict, fragment: str) -> None:
     plan = normalize_dflash_config(ZLAB_QWEN3_8B_B16)
     with pytest.raises(ValueError, match=fragment):
         plan.check_target(**kwargs)
+
+
+def test_a_noncausal_window_shorter_than_a_block_is_refused() -> None:
+    # Backward-only here, both ways in z-lab's mask and vLLM's FlashAttention: they differ
+    # only when the window is shorter than the block, which is refused.
+    short = _with(_with(MIMO_V25_PRO, "dflash_config.swa_window_size", 8), "block_size", 16)
+    with pytest.raises(ValueError, match="shorter than block_size 16"):
+        normalize_dflash_config(short)
 
 
 def test_noncausal_window_is_backward_only() -> None:

@@ -160,6 +160,13 @@ class DFlashPlan:
                 f"mask_token_id must be in the target vocabulary [0, {target_vocab_size}); "
                 f"got {self.mask_token_id}"
             )
+        if target_vocab_size is not None and self.vocab_size != target_vocab_size:
+            # The draft runs on the target's embedding and LM head, with no token map.
+            raise ValueError(
+                f"the draft's vocab_size {self.vocab_size} differs from the target's "
+                f"{target_vocab_size}: this draft shares the target's embedding and LM head "
+                "and has no map between two vocabularies"
+            )
 
 
 def _as_dict(config: Any) -> dict[str, Any]:
@@ -402,6 +409,21 @@ def normalize_dflash_config(config: Any) -> DFlashPlan:
     )
     rope_params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     rope_theta = cfg.get("rope_theta") or rope_params.get("rope_theta") or 1_000_000.0
+    layers = _resolve_layers(cfg, dflash, num_layers)
+    short = [
+        lp.index
+        for lp in layers
+        if block is not None and not lp.causal and lp.sliding_window is not None
+        and lp.sliding_window < block
+    ]  # fmt: skip
+    if short:
+        # Non-causal windows bound only the past here; trainers that also bound the future
+        # (z-lab's mask, vLLM's FlashAttention) differ once the window is shorter than a block.
+        raise ValueError(
+            f"non-causal sliding layers {short} have a window shorter than block_size {block}: "
+            "where the window bounds the future too (as the draft's trainer may have) results "
+            "would differ; refusing"
+        )
 
     return DFlashPlan(
         source_format=source_format,
@@ -420,7 +442,7 @@ def normalize_dflash_config(config: Any) -> DFlashPlan:
         num_target_layers=num_target_layers,
         mask_token_id=mask,
         block_size=block,
-        layers=_resolve_layers(cfg, dflash, num_layers),
+        layers=layers,
         attention_sink_bias=bool(
             dflash.get("attention_sink_bias", cfg.get("add_swa_attention_sink_bias", False))
         ),
