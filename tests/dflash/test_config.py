@@ -425,6 +425,12 @@ def test_target_mismatch_is_refused(kwargs: dict, fragment: str) -> None:
         plan.check_target(**kwargs)
 
 
+def test_a_quantized_draft_is_refused_by_name() -> None:
+    quantized = _with(ZLAB_QWEN3_8B_B16, "quantization_config", {"quant_method": "modelopt"})
+    with pytest.raises(ValueError, match="quantization_config \\('modelopt'\\)"):
+        normalize_dflash_config(quantized)
+
+
 def test_a_noncausal_window_shorter_than_a_block_is_refused() -> None:
     # Backward-only here, both ways in z-lab's mask and vLLM's FlashAttention: they differ
     # only when the window is shorter than the block, which is refused.

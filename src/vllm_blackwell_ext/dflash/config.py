@@ -242,6 +242,14 @@ _NEUTRAL_FIELDS: tuple[tuple[str, object], ...] = (
 
 def _refuse_unimplemented(cfg: Mapping[str, Any], dflash: Mapping[str, Any]) -> None:
     """Refuse fields this draft does not implement, where set to a value that would matter."""
+    if cfg.get("quantization_config"):
+        method = cfg["quantization_config"]
+        if isinstance(method, Mapping):
+            method = method.get("quant_method", method)
+        raise ValueError(
+            f"quantization_config ({method!r}): this DFlash draft loads unquantized weights "
+            "only; refusing a quantized checkpoint rather than misreading its packed tensors"
+        )
     for name, neutral in _NEUTRAL_FIELDS:
         for where, source in (("dflash_config.", dflash), ("", cfg)):
             value = source.get(name)
