@@ -242,14 +242,6 @@ _NEUTRAL_FIELDS: tuple[tuple[str, object], ...] = (
 
 def _refuse_unimplemented(cfg: Mapping[str, Any], dflash: Mapping[str, Any]) -> None:
     """Refuse fields this draft does not implement, where set to a value that would matter."""
-    if cfg.get("quantization_config"):
-        method = cfg["quantization_config"]
-        if isinstance(method, Mapping):
-            method = method.get("quant_method", method)
-        raise ValueError(
-            f"quantization_config ({method!r}): this DFlash draft loads unquantized weights "
-            "only; refusing a quantized checkpoint rather than misreading its packed tensors"
-        )
     for name, neutral in _NEUTRAL_FIELDS:
         for where, source in (("dflash_config.", dflash), ("", cfg)):
             value = source.get(name)
@@ -315,7 +307,8 @@ def _resolve_layers(
                     f"full-attention layers {full} causal, but speculators trains them "
                     "bidirectional (only sliding layers follow sliding_window_non_causal); "
                     "refusing rather than serving the draft with other attention than it was "
-                    "trained with"
+                    "trained with (a draft trained causal in every layer says so with a "
+                    "top-level is_causal: true)"
                 )
         causal = [bool(dflash["causal"])] * num_layers
     elif any_sliding:
@@ -401,6 +394,17 @@ def normalize_dflash_config(config: Any) -> DFlashPlan:
     if block is not None:
         block = _int_field("block_size", block, minimum=2)
     _refuse_unimplemented(cfg, dflash)
+    quantization = raw.get("quantization_config") or cfg.get("quantization_config")
+    if quantization:
+        method = (
+            quantization.get("quant_method", quantization)
+            if isinstance(quantization, Mapping)
+            else quantization
+        )
+        raise ValueError(
+            f"quantization_config ({method!r}): this DFlash draft loads unquantized weights "
+            "only; refusing a quantized checkpoint rather than misreading its packed tensors"
+        )
 
     num_target_layers = cfg.get("num_target_layers")
     if num_target_layers is not None:
