@@ -228,3 +228,28 @@ def test_context_keys_get_their_own_layers_k_norm(dist) -> None:
         want = layer.self_attn.k_norm.forward_native(k[i])
         torch.testing.assert_close(got[i], want, rtol=1e-6, atol=1e-6)
     assert not torch.allclose(got[1], inner.layers[0].self_attn.k_norm.forward_native(k[1]))
+
+
+def test_a_mixed_draft_keeps_the_window_of_its_file_that_transformers_drops(tmp_path):
+    # z-lab's mixed drafts say which layers slide in `layer_types` and do not set
+    # `use_sliding_window`, so transformers' Qwen3Config drops `sliding_window`; the plan
+    # vLLM's config leads to reads the window back from the draft's config.json.
+    import json
+
+    from transformers import Qwen3Config
+
+    from vllm_blackwell_ext.dflash.config import normalize_dflash_config
+    from vllm_blackwell_ext.dflash.model import _config_dict
+
+    raw = {
+        "model_type": "qwen3", "architectures": ["DFlashDraftModel"], "block_size": 16,
+        "dflash_config": {"mask_token_id": 5, "target_layer_ids": [1, 3]}, "vocab_size": 64,
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "sliding_window": 32, "layer_types": ["sliding_attention", "full_attention"],
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    hf = Qwen3Config.from_pretrained(tmp_path)
+    assert hf.sliding_window is None
+    plan = normalize_dflash_config(_config_dict(hf, str(tmp_path)))
+    assert [(lp.causal, lp.sliding_window) for lp in plan.layers] == [(True, 32), (False, None)]

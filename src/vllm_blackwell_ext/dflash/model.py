@@ -53,7 +53,7 @@ from vllm.model_executor.models.qwen3_dflash import (
     dflash_has_any_non_causal,
 )
 from vllm.transformers_utils.config import set_default_rope_theta
-from vllm.transformers_utils.repo_utils import get_hf_file_bytes
+from vllm.transformers_utils.repo_utils import get_hf_file_bytes, get_hf_file_to_dict
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (
     get_eagle3_aux_layers_from_config,
@@ -64,7 +64,12 @@ from ..attention.layer_overrides import (
     LAYER_CAUSAL_ATTR,
     LAYER_WINDOW_ATTR,
 )
-from .config import DFlashPlan, normalize_dflash_config, ordered_feature_permutation
+from .config import (
+    SLIDING_ATTENTION,
+    DFlashPlan,
+    normalize_dflash_config,
+    ordered_feature_permutation,
+)
 from .loader import MASK_EMBEDDING_FILE, check_draft_tensors, parse_mask_embedding
 
 logger = init_logger(__name__)
@@ -73,9 +78,20 @@ logger = init_logger(__name__)
 __all__ = ["BwxDFlashDraftModel", "BwxDFlashModel", "plan_for_vllm"]
 
 
-def _config_dict(hf_config: Any) -> dict[str, Any]:
+def _config_dict(
+    hf_config: Any, model: str | None = None, revision: str | None = None
+) -> dict[str, Any]:
+    """The draft config as normalisation reads it: transformers' object, with the file's
+    `sliding_window` where transformers dropped it (Qwen3Config keeps it only under
+    `use_sliding_window`, which z-lab's mixed drafts do not set: their `layer_types` say which
+    layers slide)."""
     d = hf_config.to_dict()
     d.pop("model", None)  # EAGLEConfig nests the original config; its fields are copied up
+    if model is not None and d.get("sliding_window") is None:
+        if SLIDING_ATTENTION in (d.get("layer_types") or ()):
+            on_disk = get_hf_file_to_dict("config.json", model, revision) or {}
+            if on_disk.get("sliding_window") is not None:
+                d["sliding_window"] = on_disk["sliding_window"]
     return d
 
 
@@ -85,8 +101,9 @@ def plan_for_vllm(vllm_config: VllmConfig) -> DFlashPlan:
     if spec is None or spec.draft_model_config is None:
         raise ValueError("BwxDFlashDraftModel needs a speculative_config with a draft model")
     hf = spec.draft_model_config.hf_config
+    draft = spec.draft_model_config
     # Not cached on hf: an extra attribute would land in the config's to_dict()/JSON.
-    plan = normalize_dflash_config(_config_dict(hf))
+    plan = normalize_dflash_config(_config_dict(hf, draft.model, draft.revision))
 
     target = vllm_config.model_config
     num_target_layers = target.get_total_num_hidden_layers()
