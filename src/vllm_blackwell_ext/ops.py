@@ -131,17 +131,15 @@ def _validate_gather(
     if dst.dtype not in _kv.DST_DTYPES:
         fail(TypeError, "dst", f"dtype in {list(_kv.DST_DTYPES)}", dst.dtype)
     fp8 = _kv.FP8_KV_CACHE_DTYPES.get(kv_cache_dtype)
-    if fp8 is not None and src_cache.is_cuda:
-        capability = device_info(src_cache.device).capability
-        if capability < MIN_FP8_CAPABILITY:
+    if fp8 is not None:
+        if src_cache.is_cuda and device_info(src_cache.device).capability < MIN_FP8_CAPABILITY:
             fail(
                 ValueError,
                 "kv_cache_dtype",
                 f"a GPU of compute capability >= {MIN_FP8_CAPABILITY} for {kv_cache_dtype!r} "
                 "(Triton's fp8 conversions)",
-                f"{kv_cache_dtype!r} on one of {capability}",
+                f"{kv_cache_dtype!r} on one of {device_info(src_cache.device).capability}",
             )
-    if fp8 is not None:
         # The bytes are read as `kv_cache_dtype` says, whatever 1-byte dtype views them: vLLM
         # hands MLA caches over viewed as its platform's fp8 dtype, e5m2 caches included.
         if src_cache.dtype not in _FP8_STORAGE_DTYPES:
