@@ -40,9 +40,10 @@ HIGHER_IS_BETTER = {
     "tok/s": True,
     "ms": False,
 }
-# A peer whose output is further than this from ours (max |peer - ours| over the RMS of ours)
-# is flagged in the notes: same inputs, so beyond rounding (and a peer's fp8 query) it is a
-# different computation, and its figure does not compare.
+# A peer whose output is further than this from ours (per output row, max |peer - ours| over
+# the RMS of our row) is flagged in the notes: same inputs, so beyond rounding it is a different
+# computation (a peer that quantises the query to fp8, as vLLM does for FA3 and FlashMLA over
+# fp8 caches, is one), and its figure does not compare as like for like.
 OUTPUT_GAP_FLAG = 0.1
 T = TypeVar("T")
 
@@ -138,10 +139,15 @@ def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
 
 
 def output_gap(ours: torch.Tensor, peer: torch.Tensor) -> float:
-    """max |peer - ours| over the RMS of ours, on the same elements (`peer` reshaped)."""
+    """Largest over output rows (the last dim) of max |peer - ours| / RMS(our row), on the same
+    elements (`peer` reshaped). Per row, since rows differ in scale: a causal prefill's first
+    rows are single values, many times the RMS of rows that average thousands of keys, so one
+    global RMS would call their bf16 rounding a mismatch (0.09 at 8k keys, bf16 output alone).
+    """
     ref = ours.float()
-    diff = peer.reshape(ours.shape).float() - ref
-    return (diff.abs().max() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
+    diff = (peer.reshape(ours.shape).float() - ref).abs().amax(-1)
+    row_rms = ref.pow(2).mean(-1).sqrt().clamp_min(1e-30)
+    return (diff / row_rms).max().item()
 
 
 def gap_note(case: str, gaps: dict[str, float]) -> str:
@@ -150,7 +156,7 @@ def gap_note(case: str, gaps: dict[str, float]) -> str:
         f"{name} {gap:.1e}" + (" (MISMATCH)" if not gap <= OUTPUT_GAP_FLAG else "")
         for name, gap in gaps.items()
     ]
-    return f"output check, {case}: max |peer - ours| / RMS(ours): " + ", ".join(cells)
+    return f"output check, {case}: per row, max |peer - ours| / RMS(our row): " + ", ".join(cells)
 
 
 def gpu_slug(device: str | torch.device | int | None = None) -> str:

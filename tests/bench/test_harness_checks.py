@@ -24,6 +24,22 @@ def test_output_gap_is_relative_to_ours_and_flags_a_different_computation():
     assert "MISMATCH" in harness.gap_note("case", {"nan": float("nan")})
 
 
+def test_output_gap_scales_each_row_by_its_own_size():
+    # A causal prefill's first row is one value vector; later rows average many: their bf16
+    # rounding is small next to their own row, not next to the RMS of the whole output.
+    g = torch.Generator().manual_seed(1)
+    ours = torch.randn(2048, 2, 128, generator=g) * 0.05
+    ours[0] = torch.randn(2, 128, generator=g) * 3.0
+    rounded = ours.to(torch.bfloat16).float()
+    assert (rounded - ours).abs().max() / ours.pow(2).mean().sqrt() > harness.OUTPUT_GAP_FLAG
+    # bf16 keeps 2**-9 of each value: about 0.012 of a row's RMS at its largest of 128 entries
+    assert harness.output_gap(ours, rounded) < 2e-2
+    # The same relative error confined to the small rows is still caught.
+    off = ours.clone()
+    off[1:] *= 1.3
+    assert harness.output_gap(ours, off) > harness.OUTPUT_GAP_FLAG
+
+
 @pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
     reason="the read kernel needs a GPU or Triton's interpreter",
