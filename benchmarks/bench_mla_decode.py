@@ -13,8 +13,8 @@ flattened with per-row causal extents.
 FlashMLA's dense decode as vLLM ships it where vLLM's CUDA wheel is installed (bf16 and fp8,
 `benchmarks/vllm_cuda_peers.py`), else built from FlashMLA's source on the GPU machine
 (`benchmarks/flashmla_peer.py`; bf16 rows only). Every peer's output is checked against ours
-once per case (the notes give max |peer - ours| over the RMS of ours), and a read-only stream
-is measured beside the copy roofline.
+once per case (the notes give, per row, max |peer - ours| over the RMS of our row), and a
+read-only stream is measured beside the copy roofline.
 
     python benchmarks/bench_mla_decode.py [--out-dir DIR] [--peer-dir .peer] [--only SUBSTR]
         [--flashinfer-dir .peer_flashinfer] [--flashmla-dir .peer_flashmla]

@@ -10,10 +10,10 @@ TritonAttentionMetadataBuilder sizes it), `vllm-fa3` (vLLM's FlashAttention 3, i
 Hopper, where vLLM's CUDA wheel is installed: `benchmarks/vllm_cuda_peers.py`), `flashinfer`
 (`benchmarks/flashinfer_peer.py`) and, for prefill, torch SDPA on contiguous K/V as torch
 dispatches it (`sdpa`) and pinned to its FlashAttention and cuDNN backends (`sdpa-flash`,
-`sdpa-cudnn`). Every peer's output is checked against ours once per case (the notes give
-max |peer - ours| over the RMS of ours). The `host` cases time eager calls instead: host wall
-time per call without synchronising, back-to-back eager time per call, and the CUDA-graph
-replay, each its own metric.
+`sdpa-cudnn`). Every peer's output is checked against ours once per case (the notes give,
+per row, max |peer - ours| over the RMS of our row). The `host` cases time eager calls
+instead: host wall time per call without synchronising, back-to-back eager time per call, and
+the CUDA-graph replay, each its own metric.
 
     python benchmarks/bench_paged_attention.py [--out-dir DIR] [--peer-dir .peer] [--only SUBSTR]
         [--sweep SECONDS] [--flashinfer-dir .peer_flashinfer] [--no-flashinfer]
