@@ -48,6 +48,11 @@ from benchmarks.harness import (
 from benchmarks.vllm_cuda_peers import FlashAttn3Paged
 from benchmarks.vllm_peer import load_vllm_peer, peer_not_run_note
 from vllm_blackwell_ext.kernels.device import device_info
+from vllm_blackwell_ext.kernels.fresh_prefill import (
+    FRESH_PREFILL_MIN_QUERY_LEN,
+    fresh_prefill,
+    fresh_prefill_supported,
+)
 from vllm_blackwell_ext.kernels.paged_attention import (
     SplitKVWorkspace,
     launch_config,
@@ -150,14 +155,38 @@ class Inputs:
         self.v_scale = torch.tensor([0.9], device=device) if c.fp8 else None
 
 
+def fresh_kv(c: Case, x: Inputs) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The step's own K/V, [tokens, HKV, D] each, where BWX_ATTN's forward would hand a case's
+    prompts (no cached context) to `fresh_prefill`; None where it would not."""
+    takes = fresh_prefill_supported(
+        device_info(x.q.device), q_dtype=x.q.dtype, kv_dtype=x.k.dtype, num_q_heads=HQ,
+        num_kv_heads=HKV, head_size=D, head_size_v=D, causal=c.causal,
+        sliding_window=c.window, has_sinks=False, softcap=0.0,
+    )  # fmt: skip
+    if not takes or c.prefill or c.q_len != c.ctx or c.q_len < FRESH_PREFILL_MIN_QUERY_LEN:
+        return None
+    pages = x.block_table.long()
+    return tuple(
+        t[pages].reshape(c.batch, -1, HKV, D)[:, : c.ctx].reshape(-1, HKV, D).contiguous()
+        for t in (x.k, x.v)
+    )
+
+
 def ours_fn(c: Case, x: Inputs, ws: SplitKVWorkspace, **kw):
+    """What BWX_ATTN's forward launches: the paged kernel, and `fresh_prefill` for prompts
+    without cached context (which the paged kernel then skips)."""
+    fresh = fresh_kv(c, x)
+    skip = FRESH_PREFILL_MIN_QUERY_LEN if fresh is not None else 0
+
     def fn() -> None:
         paged_attention(
             x.q, x.k, x.v, x.out, x.cu, x.seq_lens, x.block_table,
             max_seqlen_q=x.max_seqlen_q, max_seqlen_k=c.ctx, softmax_scale=D**-0.5,
-            causal=c.causal,
-            sliding_window=c.window, k_scale=x.k_scale, v_scale=x.v_scale, workspace=ws, **kw,
+            causal=c.causal, sliding_window=c.window, k_scale=x.k_scale, v_scale=x.v_scale,
+            workspace=ws, skip_fresh_from=skip, **kw,
         )  # fmt: skip
+        if fresh is not None:
+            fresh_prefill(x.q, *fresh, x.out, x.cu, x.seq_lens, softmax_scale=D**-0.5)
 
     return fn
 
@@ -276,8 +305,9 @@ def compiled_stats(c: Case, x: Inputs, ws: SplitKVWorkspace) -> str:
         x.q.shape[0], c.q_len, c.ctx, HKV, device_info(x.q.device), kv_elem=x.k.element_size()
     )
     cfg = launch_config(x.q, x.k, x.v, c.q_len, split_kv=splits > 1)
+    fresh = "; prompts through fresh_prefill (TMA)" if fresh_kv(c, x) is not None else ""
     return (f"{cfg} splits={splits} shared={h.metadata.shared} regs={getattr(h, 'n_regs', '?')} "
-            f"spills={getattr(h, 'n_spills', '?')}")  # fmt: skip
+            f"spills={getattr(h, 'n_spills', '?')}{fresh}")  # fmt: skip
 
 
 def sweep(ws: SplitKVWorkspace, budget_s: float) -> None:

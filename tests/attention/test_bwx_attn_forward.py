@@ -183,13 +183,16 @@ def _run_step(
     layer_mode: tuple[bool, int | None] | None = None,
     head_size_v: int = HEAD_SIZE,
     vllm_cache_writer=None,
+    step: dict | None = None,
 ):
     """Write context and step K/V through the Impl, run forward; return (ours, reference, md).
+    `step`, if given, receives the Impl (`step["impl"]`).
 
     `layer_mode` = (causal, window) set on the layer as `bwx_causal` / `bwx_sliding_window`
     (a mixed DFlash draft's per-layer mode): it, not the batch's `causal` and the Impl's
     `window`, is what the reference computes."""
     gen = torch.Generator().manual_seed(seed)
+    step = {} if step is None else step
     vllm_config = vllm_configs(dtype, kv_cache_dtype)
     k_scale, v_scale = (0.5, 0.25) if kv_cache_dtype in FP8 else (1.0, 1.0)
     layer = FakeLayer(k_scale, v_scale)
@@ -297,6 +300,7 @@ def _run_step(
         block_table_tensor=block_table,
         slot_mapping=slot_mapping,
         causal=causal,
+        seq_lens_cpu_upper_bound=seq_lens.clone(),  # exact here, as on prefill rows in vLLM
     )
     metadata = builder.build(0, common)
     query = torch.randn(padded, NUM_HEADS, HEAD_SIZE, generator=gen).to(dtype)
@@ -304,6 +308,7 @@ def _run_step(
     impl.forward(layer, query, step_k, step_v, kv_cache, metadata, output)
     # forward hands the kernel the whole (padded) query and output: padding rows stay unwritten.
     assert torch.isnan(output[num_tokens:]).all(), "forward wrote a padding row of the output"
+    step.update(impl=impl)
 
     # The cache holds exactly the quantised K/V at every slot of every request.
     key_cache, value_cache = kv_cache.transpose(1, 2).split([HEAD_SIZE, head_size_v], dim=-1)
@@ -346,6 +351,39 @@ def test_mixed_batch_prefill_chunk_with_context_and_decodes_matches_torch(
     got, expected, md = _run_step(vllm_configs, MIXED, dtype=dtype, kv_cache_dtype=kv_cache_dtype)
     assert md.causal and md.max_query_len == 24
     _assert_close(got, expected, dtype)
+
+
+# A fresh prompt (no cached context, 150 tokens) beside a short one, a decode and a prefill
+# chunk with context: the first is `fresh_prefill`'s, the rest the paged kernel's.
+WITH_FRESH = [Request(0, 150), Request(40, 24), Request(70, 1), Request(0, 17), Request(10, 140)]
+
+
+@pytest.mark.parametrize(
+    ("kv_cache_dtype", "dtype", "window", "takes_fresh"),
+    [
+        ("auto", torch.bfloat16, None, True),
+        ("float16", torch.float16, None, True),
+        ("fp8", torch.bfloat16, None, False),  # the cache holds other values than key/value
+        ("auto", torch.bfloat16, 64, False),  # the fresh kernel has no window
+    ],
+)
+def test_fresh_prompts_take_the_tma_kernel_where_the_layer_allows_and_match_torch(
+    vllm_configs, kv_cache_dtype, dtype, window, takes_fresh
+):
+    step: dict = {}
+    got, expected, md = _run_step(
+        vllm_configs, WITH_FRESH, dtype=dtype, kv_cache_dtype=kv_cache_dtype, window=window,
+        step=step,
+    )  # fmt: skip
+    assert md.fresh_prefill, "the builder saw the fresh prompt"
+    assert step["impl"]._takes_fresh_prefill is takes_fresh
+    _assert_close(got, expected, dtype)
+
+
+def test_batches_without_a_fresh_prompt_plan_none(vllm_configs):
+    # 140 queries after 10 cached tokens and a fresh prompt shorter than one key tile
+    _, _, md = _run_step(vllm_configs, [Request(10, 140), Request(0, 17), Request(70, 1)])
+    assert not md.fresh_prefill
 
 
 @pytest.mark.parametrize("window", [None, 24])

@@ -91,16 +91,22 @@ def test_warmup_keys_cover_every_variant_a_launch_can_compile(kv_dtype, gqa, num
             for ctx in (q_len, 600, 2048, 4096, 8192, max_model_len):
                 splits = plan_split_kv(tokens, q_len, ctx, num_kv_heads, H200, kv_elem=kv_elem)
                 reached.add(variant(q_len, splits))
-    warmed = {variant(k.max_seqlen_q, k.num_splits) for k in keys}
+    paged = [k for k in keys if isinstance(k, jit_warmup.PagedAttentionKey)]
+    warmed = {variant(k.max_seqlen_q, k.num_splits) for k in paged}
     assert warmed == reached
-    assert len({(k.max_seqlen_q, k.num_splits) for k in keys}) == len(keys)
+    assert len({(k.max_seqlen_q, k.num_splits) for k in paged}) == len(paged)
+    # Fresh prompts of a cache in the query dtype also take the TMA prefill kernel.
+    fresh = [k for k in keys if isinstance(k, jit_warmup.FreshPrefillKey)]
+    assert len(fresh) == (1 if kv_dtype == torch.bfloat16 else 0)
+    assert len(keys) == len(paged) + len(fresh)
 
 
 def test_decode_warmup_at_8_kv_heads_takes_each_merge():
     # Qwen3-8B on an H200 at 32k: single-token decode plans past the in-kernel merge's
     # limit, so its unsplit, in-kernel and merge-kernel variants are all warmed.
     keys = jit_warmup.paged_attention_warmup_keys(QWEN3_8B, 32768, H200)
-    assert [k.num_splits for k in keys if k.max_seqlen_q == 1] == [
+    paged = [k for k in keys if isinstance(k, jit_warmup.PagedAttentionKey)]
+    assert [k.num_splits for k in paged if k.max_seqlen_q == 1] == [
         1,
         2,
         MERGE_IN_KERNEL_MAX_SPLITS + 1,
@@ -195,7 +201,11 @@ def test_builder_registers_each_layer_kind_once_and_vllm_warmup_launches_them(
     registry.warmup()
     kinds = {(k.layer.causal, k.layer.sliding_window) for k in launched}
     assert kinds == {(True, None), (True, 32), (False, None)}
-    assert any(k.num_splits > 1 for k in launched) and any(k.max_seqlen_q > 16 for k in launched)
+    paged = [k for k in launched if isinstance(k, jit_warmup.PagedAttentionKey)]
+    assert any(k.num_splits > 1 for k in paged) and any(k.max_seqlen_q > 16 for k in paged)
+    # Only the full causal kind takes fresh prompts through the TMA kernel (no window there).
+    fresh = [k for k in launched if isinstance(k, jit_warmup.FreshPrefillKey)]
+    assert [(k.layer.causal, k.layer.sliding_window) for k in fresh] == [(True, None)]
 
 
 def test_nothing_is_registered_off_cuda(vllm_config):

@@ -45,6 +45,12 @@ from vllm_blackwell_ext.attention.jit_warmup import PAGED_ATTENTION_WARMUP, Atte
 from vllm_blackwell_ext.attention.layer_overrides import LAYER_CAUSAL_ATTR, LAYER_WINDOW_ATTR
 from vllm_blackwell_ext.kernels import device as kernel_device
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
+from vllm_blackwell_ext.kernels.fresh_prefill import (
+    FRESH_PREFILL_MIN_QUERY_LEN,
+    fresh_prefill,
+    fresh_prefill_supported,
+    has_fresh_prefill,
+)
 from vllm_blackwell_ext.kernels.paged_attention import (
     SUPPORTED_HEAD_SIZES,
     SplitKVWorkspace,
@@ -189,6 +195,9 @@ class BwxAttentionMetadata:
     causal: bool
     num_splits: int  # the host's split-KV plan (1 = no split)
     workspace: SplitKVWorkspace | None
+    # A request without cached context and of FRESH_PREFILL_MIN_QUERY_LEN+ queries is in the
+    # batch (host view): layers that can run `fresh_prefill` on it beside the paged kernel.
+    fresh_prefill: bool = False
 
 
 class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]):
@@ -299,6 +308,17 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
         # The plan infers the request count from tokens / max_query_len; padding rows
         # (CUDA-graph padding, slot -1) would inflate it, and the host knows the real count.
         planned_tokens = min(cm.num_actual_tokens, cm.num_reqs * max(cm.max_query_len, 1))
+        fresh = False
+        # Host copies of the lengths (vLLM's upper bound is exact for prefill rows, the only
+        # rows the rule can take); without them every request stays with the paged kernel.
+        # Each layer decides on its own whether it takes them (`_fresh_prefill_layer`).
+        seq_lens_cpu = getattr(cm, "seq_lens_cpu_upper_bound", None)
+        if (
+            cm.causal
+            and cm.max_query_len >= FRESH_PREFILL_MIN_QUERY_LEN
+            and seq_lens_cpu is not None
+        ):
+            fresh = has_fresh_prefill(cm.query_start_loc_cpu[: cm.num_reqs + 1], seq_lens_cpu)
         return BwxAttentionMetadata(
             num_actual_tokens=cm.num_actual_tokens,
             max_query_len=cm.max_query_len,
@@ -310,6 +330,7 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
             causal=bool(cm.causal),
             num_splits=self.plan(planned_tokens, cm.max_query_len, cm.max_seq_len),
             workspace=self.workspace,
+            fresh_prefill=fresh,
         )
 
 
@@ -381,6 +402,10 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
         # work, as a layer's layout, dtypes and head sizes never change.
         self._inputs_checked = False
         self._views_key = (head_size, self.fp8_dtype)
+        # Whether this layer runs fresh prefills through `fresh_prefill` (decided at its first
+        # batch holding one: it depends on the cache dtype and the layer's overrides).
+        self._takes_fresh_prefill: bool | None = None
+        self._fresh_inputs_checked = False
 
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
         if self.sinks is not None and self.sinks.dtype != torch.float32:
@@ -503,6 +528,12 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
         # batch-wide causal flag in vLLM 0.32's default runner; such layers carry their own
         # mode (dflash/model.py), which wins over the batch's.
         layer_causal = getattr(layer, LAYER_CAUSAL_ATTR, None)
+        window = getattr(layer, LAYER_WINDOW_ATTR, self.sliding_window)
+        fresh = (
+            attn_metadata.fresh_prefill
+            and key is not None
+            and self._fresh_prefill_layer(query, key_cache, value_cache, layer_causal, window)
+        )
         # query/output are passed whole: the kernel writes only the rows of cu_seqlens_q and
         # leaves padding rows alone, so no per-call slicing (host time) is needed.
         paged_attention(
@@ -517,7 +548,7 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
             max_seqlen_k=attn_metadata.max_seq_len,
             softmax_scale=self.scale,
             causal=attn_metadata.causal if layer_causal is None else layer_causal,
-            sliding_window=getattr(layer, LAYER_WINDOW_ATTR, self.sliding_window),
+            sliding_window=window,
             sinks=self._sinks_f32,
             softcap=self.logits_soft_cap,
             k_scale=layer._k_scale if quantized else None,
@@ -525,6 +556,47 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
             workspace=attn_metadata.workspace,
             num_splits=attn_metadata.num_splits,
             check_inputs=not self._inputs_checked,
+            skip_fresh_from=FRESH_PREFILL_MIN_QUERY_LEN if fresh else 0,
         )
         self._inputs_checked = True
+        if fresh:
+            # The requests the paged kernel skipped, from this step's own K/V (the same values
+            # the cache holds: a cache in the query's dtype is one condition of the layer).
+            fresh_prefill(
+                query,
+                key,
+                value,
+                output,
+                attn_metadata.query_start_loc,
+                attn_metadata.seq_lens,
+                softmax_scale=self.scale,
+                check_inputs=not self._fresh_inputs_checked,
+            )
+            self._fresh_inputs_checked = True
         return output
+
+    def _fresh_prefill_layer(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        layer_causal: bool | None,
+        window: int | None,
+    ) -> bool:
+        """Whether this layer's fresh prefills take `fresh_prefill` (decided once)."""
+        if self._takes_fresh_prefill is None:
+            self._takes_fresh_prefill = fresh_prefill_supported(
+                device_info(query.device),
+                q_dtype=query.dtype,
+                kv_dtype=key_cache.dtype,
+                num_q_heads=self.num_heads,
+                num_kv_heads=self.num_kv_heads,
+                head_size=self.head_size,
+                head_size_v=value_cache.shape[-1],
+                # the builder plans fresh prefills for causal batches only
+                causal=layer_causal is not False,
+                sliding_window=window,
+                has_sinks=self.sinks is not None,
+                softcap=self.logits_soft_cap,
+            )
+        return self._takes_fresh_prefill

@@ -24,6 +24,11 @@ import torch
 from vllm.model_executor.warmup.jit_warmup import VllmJitKernel
 
 from vllm_blackwell_ext.kernels.device import DeviceInfo
+from vllm_blackwell_ext.kernels.fresh_prefill import (
+    FRESH_PREFILL_MIN_QUERY_LEN,
+    fresh_prefill,
+    fresh_prefill_supported,
+)
 from vllm_blackwell_ext.kernels.kv_gather import gather_and_maybe_dequant_cache
 from vllm_blackwell_ext.kernels.mla_decode import SUPPORTED_LATENT, WIDE_MERGE_SPLITS, mla_decode
 from vllm_blackwell_ext.kernels.mla_decode_configs import FEW_PROGRAMS, get_mla_decode_config
@@ -57,6 +62,21 @@ class AttentionLayerKind:
     def value_head_size(self) -> int:
         return self.head_size if self.head_size_v is None else self.head_size_v
 
+    def fresh_prefill_facts(self) -> dict[str, Any]:
+        """The layer's side of `fresh_prefill_supported`."""
+        return {
+            "q_dtype": self.q_dtype,
+            "kv_dtype": self.kv_dtype,
+            "num_q_heads": self.num_q_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "head_size": self.head_size,
+            "head_size_v": self.value_head_size,
+            "causal": self.causal,
+            "sliding_window": self.sliding_window,
+            "has_sinks": self.has_sinks,
+            "softcap": self.softcap,
+        }
+
 
 @dataclass(frozen=True)
 class PagedAttentionKey:
@@ -67,11 +87,17 @@ class PagedAttentionKey:
     num_splits: int = 1
 
 
+@dataclass(frozen=True)
+class FreshPrefillKey:
+    layer: AttentionLayerKind
+
+
 def paged_attention_warmup_keys(
     layer: AttentionLayerKind, max_model_len: int, info: DeviceInfo
-) -> list[PagedAttentionKey]:
+) -> list[PagedAttentionKey | FreshPrefillKey]:
     """One key per kernel variant the layer can launch: each tile config (decode and verify
-    lengths 1..16, prefill beyond), unsplit, and split with each merge the plan can reach."""
+    lengths 1..16, prefill beyond), unsplit, and split with each merge the plan can reach; and
+    the fresh-prefill kernel where the layer takes it."""
     keys, configs = [], set()
     kv_elem = layer.kv_dtype.itemsize
 
@@ -109,11 +135,38 @@ def paged_attention_warmup_keys(
         keys.append(PagedAttentionKey(layer, q_len, 2))  # merged in the kernel where it may
         if 2 <= in_kernel < most:  # more splits than merge in the kernel
             keys.append(PagedAttentionKey(layer, q_len, in_kernel + 1))
+    if fresh_prefill_supported(info, **layer.fresh_prefill_facts()):
+        keys.append(FreshPrefillKey(layer))
     return keys
 
 
-def launch_paged_attention_warmup(key: PagedAttentionKey, device: torch.device) -> None:
+def launch_fresh_prefill_warmup(key: FreshPrefillKey, device: torch.device) -> None:
+    """One fresh prefill on scratch, q/key/value as views of one packed activation (as vLLM's
+    qkv projection hands them over)."""
+    layer = key.layer
+    tokens = FRESH_PREFILL_MIN_QUERY_LEN
+    heads = (layer.num_q_heads, layer.num_kv_heads, layer.num_kv_heads)
+    qkv = torch.zeros((tokens, sum(heads), layer.head_size), dtype=layer.q_dtype, device=device)
+    q, k, v = qkv.split(heads, dim=1)
+    int32 = {"dtype": torch.int32, "device": device}
+    fresh_prefill(
+        q,
+        k,
+        v,
+        torch.empty_like(q, memory_format=torch.contiguous_format),
+        torch.tensor([0, tokens], **int32),
+        torch.tensor([tokens], **int32),
+        softmax_scale=1.0 / math.sqrt(layer.head_size),
+    )
+
+
+def launch_paged_attention_warmup(
+    key: PagedAttentionKey | FreshPrefillKey, device: torch.device
+) -> None:
     """Run one launch of the key's variant on scratch (one request of a few pages)."""
+    if isinstance(key, FreshPrefillKey):
+        launch_fresh_prefill_warmup(key, device)
+        return
     layer = key.layer
     q_len, bs = key.max_seqlen_q, layer.block_size
     seq_len = q_len + bs  # some cached context before the queries

@@ -208,7 +208,16 @@ def _attend_tiles(
 # in the middle of serving. The block-table row stride (pages per request, from the engine's
 # max_model_len) is read once per program: not specialised either, so a JIT warm-up on scratch
 # compiles exactly the variant the engine launches.
-@triton.jit(do_not_specialize=["batch", "num_splits", "stride_plt", "stride_plh", "stride_bt"])
+@triton.jit(
+    do_not_specialize=[
+        "batch",
+        "num_splits",
+        "stride_plt",
+        "stride_plh",
+        "stride_bt",
+        "skip_fresh_from",
+    ]
+)
 def _paged_attn_kernel(
     q_ptr,
     k_ptr,
@@ -247,6 +256,7 @@ def _paged_attn_kernel(
     stride_plh,
     stride_bt,
     num_splits,
+    skip_fresh_from,  # > 0: requests without context of this many queries are fresh_prefill's
     GQA: tl.constexpr,
     HEAD_K: tl.constexpr,
     HEAD_V: tl.constexpr,
@@ -281,6 +291,8 @@ def _paged_attn_kernel(
         return  # the grid is an upper bound: this block lies past the request's queries
     seq_len = tl.load(seq_lens_ptr + req)
     ctx_len = seq_len - q_len
+    if (skip_fresh_from > 0) & (ctx_len == 0) & (q_len >= skip_fresh_from):
+        return  # `fresh_prefill` computes this request (the same rule on the host)
 
     offs_m = tl.arange(0, BLOCK_M)
     q_local = q_block * BLOCK_Q + offs_m // GQA
@@ -971,6 +983,7 @@ def paged_attention(
     config: AttnConfig | None = None,
     compiled: list | None = None,
     check_inputs: bool = True,
+    skip_fresh_from: int = 0,
 ) -> torch.Tensor:
     """Attention of `q` over the paged KV cache; writes `out[: cu_seqlens_q[-1]]` and returns it.
 
@@ -985,6 +998,8 @@ def paged_attention(
     `compiled`, if a list, receives the launched Triton kernels (to read registers/smem).
     `check_inputs=False` skips the shape/dtype checks (tens of microseconds of host time) for
     callers that validated the same layout once, e.g. an attention backend's forward.
+    `skip_fresh_from` > 0 leaves alone every request without cached context and with at least
+    that many query tokens (their rows of `out` too): `fresh_prefill` computes those.
     With a `workspace`, nothing here allocates or reads device memory on the host.
     """
     if check_inputs:
@@ -1065,7 +1080,7 @@ def paged_attention(
             batch, float(softmax_scale), float(softcap), int(sliding_window or 0),
             qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
             os_[0], os_[1], *lse_strides, *po_strides, *pl_strides,
-            block_table.stride(0), splits,
+            block_table.stride(0), splits, int(skip_fresh_from),
             # constexprs, in signature order: GQA .. MERGE_IN_KERNEL
             consts.gqa, head_size, head_size_v, consts.head_k_pad, consts.head_v_pad,
             block_size, cfg.block_m, cfg.block_q, cfg.tile_n,
