@@ -24,6 +24,7 @@ from vllm_blackwell_ext.attention.bwx_attn import (  # noqa: E402
     BwxAttentionImpl,
     BwxAttentionMetadataBuilder,
 )
+from vllm_blackwell_ext.attention.fresh_prefill_switch import FRESH_PREFILL_ENV  # noqa: E402
 from vllm_blackwell_ext.kernels.device import DeviceInfo  # noqa: E402
 from vllm_blackwell_ext.kernels.mla_decode import MAX_SPLITS, merge_config  # noqa: E402
 from vllm_blackwell_ext.kernels.mla_decode_configs import get_mla_decode_config  # noqa: E402
@@ -53,7 +54,10 @@ QWEN3_8B = jit_warmup.AttentionLayerKind(
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
 @pytest.mark.parametrize("gqa", [1, 4, 16])
 @pytest.mark.parametrize("num_kv_heads", [8, 48])
-def test_warmup_keys_cover_every_variant_a_launch_can_compile(kv_dtype, gqa, num_kv_heads):
+def test_warmup_keys_cover_every_variant_a_launch_can_compile(
+    kv_dtype, gqa, num_kv_heads, monkeypatch
+):
+    monkeypatch.setenv(FRESH_PREFILL_ENV, "1")
     # Brute force over what launches reach: every query length, every batch the split plan
     # may split, contexts up to max_model_len. A variant is the tile config and the merge
     # (none, in the kernel, or the merge kernel). 48 KV heads: fp8 single tokens plan at
@@ -99,6 +103,9 @@ def test_warmup_keys_cover_every_variant_a_launch_can_compile(kv_dtype, gqa, num
     fresh = [k for k in keys if isinstance(k, jit_warmup.FreshPrefillKey)]
     assert len(fresh) == (1 if kv_dtype == torch.bfloat16 else 0)
     assert len(keys) == len(paged) + len(fresh)
+    monkeypatch.delenv(FRESH_PREFILL_ENV)  # the switch off: nothing of it is compiled
+    off = jit_warmup.paged_attention_warmup_keys(layer, max_model_len, H200)
+    assert off == paged
 
 
 def test_decode_warmup_at_8_kv_heads_takes_each_merge():
@@ -187,6 +194,7 @@ def test_builder_registers_each_layer_kind_once_and_vllm_warmup_launches_them(
     # The builder registers only on CUDA; here the registry's compile step runs our launch
     # on the CPU (interpreter) instead of the GPU, everything else is vLLM's own path.
     monkeypatch.setattr(bwx_attn.current_platform, "is_cuda", lambda: True)
+    monkeypatch.setenv(FRESH_PREFILL_ENV, "1")
     launched = []
 
     def compile_on_cpu(key):

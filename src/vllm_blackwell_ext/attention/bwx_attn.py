@@ -41,6 +41,7 @@ from vllm.v1.attention.backend import (
 from vllm.v1.attention.backends.utils import get_num_attention_heads_from_layers
 from vllm.v1.kv_cache_interface import AttentionSpec
 
+from vllm_blackwell_ext.attention.fresh_prefill_switch import fresh_prefill_enabled
 from vllm_blackwell_ext.attention.jit_warmup import PAGED_ATTENTION_WARMUP, AttentionLayerKind
 from vllm_blackwell_ext.attention.layer_overrides import LAYER_CAUSAL_ATTR, LAYER_WINDOW_ATTR
 from vllm_blackwell_ext.kernels import device as kernel_device
@@ -240,6 +241,7 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
         self.workspace = SplitKVWorkspace.for_device(
             self.num_heads_q, self.num_kv_heads, self.head_size_v, device, self.device_info
         )
+        self.fresh_prefill_enabled = fresh_prefill_enabled()
         if current_platform.is_cuda():
             for kind in self._layer_kinds(vllm_config, layer_names):
                 PAGED_ATTENTION_WARMUP.register_warmup(
@@ -314,7 +316,8 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
         # Each layer decides on its own whether it takes them (`_fresh_prefill_layer`).
         seq_lens_cpu = getattr(cm, "seq_lens_cpu_upper_bound", None)
         if (
-            cm.causal
+            self.fresh_prefill_enabled
+            and cm.causal
             and cm.max_query_len >= FRESH_PREFILL_MIN_QUERY_LEN
             and seq_lens_cpu is not None
         ):

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from vllm.model_executor.warmup.jit_warmup import VllmJitKernel
 
+from vllm_blackwell_ext.attention.fresh_prefill_switch import fresh_prefill_enabled
 from vllm_blackwell_ext.kernels.device import DeviceInfo
 from vllm_blackwell_ext.kernels.fresh_prefill import (
     FRESH_PREFILL_MIN_QUERY_LEN,
@@ -135,7 +136,7 @@ def paged_attention_warmup_keys(
         keys.append(PagedAttentionKey(layer, q_len, 2))  # merged in the kernel where it may
         if 2 <= in_kernel < most:  # more splits than merge in the kernel
             keys.append(PagedAttentionKey(layer, q_len, in_kernel + 1))
-    if fresh_prefill_supported(info, **layer.fresh_prefill_facts()):
+    if fresh_prefill_enabled() and fresh_prefill_supported(info, **layer.fresh_prefill_facts()):
         keys.append(FreshPrefillKey(layer))
     return keys
 
