@@ -40,6 +40,7 @@ from tests.e2e.conftest import (
     run_engine_job,
     teacher_forced_deltas,
 )
+from vllm_blackwell_ext.attention.fresh_prefill_switch import FRESH_PREFILL_ENV
 
 # Long prompts exceed max_num_batched_tokens, so they are prefilled in chunks while the short
 # prompts decode beside them: one batch mixes prefill chunks with context and decode rows.
@@ -86,6 +87,13 @@ def qwen3_runs(tiny_models, tmp_path_factory):
         "ours_fp8": run_engine_job(
             _spec(model, ours=True, kv_cache_dtype="fp8"), base / "ours-fp8", OURS_ENV
         ),
+        # A batch budget that takes each 150-token prompt whole, with the fresh-prefill switch
+        # on: those prompts go through the TMA kernel (the interpreter's emulation of it).
+        "ours_fresh": run_engine_job(
+            _spec(model, ours=True, max_num_batched_tokens=512),
+            base / "ours-fresh",
+            {**OURS_ENV, FRESH_PREFILL_ENV: "1"},
+        ),
     }
 
 
@@ -122,6 +130,17 @@ def test_mixed_chunked_prefill_and_decode_match_vllm_cpu_backend(qwen3_runs):
     assert_same_generation(
         runs["reference"], runs["ours"], BF16_MAX_TOL, BF16_MEAN_TOL, fp32=runs["reference_fp32"]
     )
+
+
+def test_prompts_without_context_through_the_tma_kernel_match_vllm_cpu_backend(qwen3_runs):
+    runs = qwen3_runs
+    assert _served_by(runs["ours_fresh"]) == {"BWX_ATTN"}
+    assert "read their own K/V through TMA (fresh_prefill)" in runs["ours_fresh"]["log"]
+    assert "through TMA" not in runs["ours"]["log"]  # the switch is off by default
+    assert_same_generation(
+        runs["reference"], runs["ours_fresh"], BF16_MAX_TOL, BF16_MEAN_TOL,
+        fp32=runs["reference_fp32"],
+    )  # fmt: skip
 
 
 def test_fp8_kv_cache_error_is_no_worse_than_vllm_own_fp8(qwen3_runs):

@@ -24,6 +24,7 @@ from typing import ClassVar
 import torch
 from vllm.config import VllmConfig, get_layers_from_vllm_config
 from vllm.config.cache import CacheDType
+from vllm.logger import init_logger
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.platforms import current_platform
 from vllm.platforms.interface import DeviceCapability
@@ -59,6 +60,9 @@ from vllm_blackwell_ext.kernels.paged_attention import (
     plan_split_kv,
 )
 from vllm_blackwell_ext.kv_cache_dtypes import FP8_KV_CACHE_DTYPES
+
+# A child of vLLM's logger, so vLLM's handler and level (VLLM_LOGGING_LEVEL) apply to it.
+logger = init_logger(f"vllm.{__name__}")
 
 # The support matrix: the kernel's head sizes (SUPPORTED_HEAD_SIZES) and capability floors.
 # Page sizes: any multiple of 16 (the kernel walks pages token-tile by token-tile).
@@ -602,4 +606,9 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
                 has_sinks=self.sinks is not None,
                 softcap=self.logits_soft_cap,
             )
+            if self._takes_fresh_prefill:
+                logger.info_once(
+                    "BWX_ATTN: prompts without cached context read their own K/V through TMA "
+                    "(fresh_prefill)"
+                )
         return self._takes_fresh_prefill

@@ -73,7 +73,8 @@ from vllm_blackwell_ext.kernels.mla_decode import (
 from vllm_blackwell_ext.kv_cache_dtypes import FP8_KV_CACHE_DTYPES
 from vllm_blackwell_ext.vllm_compat import mla_kv_update_takes_skip_scale
 
-logger = init_logger(__name__)
+# A child of vLLM's logger, so vLLM's handler and level (VLLM_LOGGING_LEVEL) apply to it.
+logger = init_logger(f"vllm.{__name__}")
 
 # Latent widths the decode kernel is built for: kv_lora_rank + qk_rope_head_dim.
 SUPPORTED_LATENT_WIDTHS: tuple[int, ...] = tuple(r + e for r, e in SUPPORTED_LATENT.items())
