@@ -17,7 +17,9 @@ Triton ceiling behind the prefill goal of `BWX_ATTN`.
 `--check` runs the TMA kernel on small shapes against the pure-torch reference (the CPU
 interpreter, or the GPU) and exits. `--compile-only` compiles every config for a GPU
 architecture without one (Triton's bundled ptxas) and prints registers, shared memory, warps
-and whether warp specialisation took (`setmaxnreg` in the PTX), or the compiler's refusal.
+and whether warp specialisation took (`setmaxnreg` in the PTX), or the compiler's refusal; then
+the product's `fresh_prefill` kernel (this experiment's contiguous route, shipped) with its
+registers and spills.
 
 What Triton 3.6's Hopper warp specialisation (`tl.range(..., warp_specialize=True)`) accepts,
 found by offline sm90 compiles: a kernel whose query tile comes through a descriptor, with no
@@ -434,6 +436,59 @@ def compile_only(capability: int) -> None:
             )
 
 
+def compile_shipped(capability: int) -> None:
+    """The product's `fresh_prefill` kernel (the contiguous route above, as BWX_ATTN launches
+    it) compiled offline for `capability`: registers, shared memory and spills (cuobjdump)."""
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from vllm_blackwell_ext.kernels import fresh_prefill as fp
+
+    cfg = fp._GPU_CONFIG
+    k = fp._fresh_prefill_kernel
+    bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    for head, gqa in ((128, 4), (128, 1), (128, 16), (64, 4)):
+        bq = cfg.block_m // gqa
+        consts = dict(
+            GQA=gqa, HEAD=head, BLOCK_Q=bq, TILE_N=cfg.tile_n, STAGES=cfg.num_stages,
+            DOT_FP32=False,
+        )  # fmt: skip
+        sig = {n: "constexpr" for n in consts}
+        sig |= {"q_desc": f"tensordesc<bf16[{bq},{gqa},{head}]>", "out_ptr": "*bf16"}
+        sig |= {n: f"tensordesc<bf16[{cfg.tile_n},{head}]>" for n in ("k_desc", "v_desc")}
+        sig |= {n: "*i32" for n in ("cu_q_ptr", "seq_lens_ptr")}
+        sig |= {n: "i32" for n in ("batch", "stride_ot", "stride_oh", "min_query_len")}
+        sig["qk_scale"] = "fp32"
+        # what the launches specialise on: 16-byte pointers, output strides of 16
+        aligned = ("out_ptr", "cu_q_ptr", "seq_lens_ptr", "stride_ot", "stride_oh")
+        attrs = {(k.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+        c = triton.compile(
+            ASTSource(fn=k, signature=sig, constexprs=consts, attrs=attrs),
+            target=GPUTarget("cuda", capability, 32),
+            options=dict(num_warps=cfg.num_warps),
+        )
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(c.asm["cubin"])
+            f.flush()
+            usage = subprocess.run(
+                [bindir / "cuobjdump", "-res-usage", f.name], capture_output=True, text=True
+            ).stdout
+            sass = subprocess.run(
+                [bindir / "cuobjdump", "-sass", f.name], capture_output=True, text=True
+            ).stdout
+        regs = re.search(r"REG:(\d+)", usage)
+        spills = "LDL" in sass or "STL" in sass
+        print(
+            f"fresh_prefill head={head} gqa={gqa}: registers {regs.group(1) if regs else '?'}, "
+            f"shared {c.metadata.shared} B, spills {spills}",
+            flush=True,
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="run cases whose name contains this")
@@ -446,6 +501,7 @@ def main() -> None:
         return
     if args.compile_only:
         compile_only(args.capability)
+        compile_shipped(args.capability)
         return
     gpu = torch.cuda.get_device_name()
     print(f"# torch {torch.__version__}, triton {triton.__version__}, {gpu}")
