@@ -5,10 +5,11 @@ contiguous in the forward's `key` / `value` ([tokens, num_kv_heads, head]) as we
 the cache. This kernel reads them from there: each 128-key tile is one tensor-memory-access
 copy (TMA) into shared memory, three tiles in flight, instead of a gather page by page through
 the block table. Same values as the cache holds when the cache has the query's dtype, so the
-same attention (up to the order of fp32 sums). H200, Qwen3-8B shapes, native image (torch
-2.11, Triton 3.6), `benchmarks/experiments/attn_prefill_tma.py`, `h200-attn-prefill-tma.txt`:
-causal 8k 585 TFLOP/s, 4 x 4k 534, against 369 / 339 for the paged kernel and 610 / 595 for
-torch SDPA (cuDNN) in the same run.
+same attention (up to the order of fp32 sums). The experiment this kernel comes from, with
+these tiles (H200, Qwen3-8B shapes, native image: torch 2.11, Triton 3.6;
+`benchmarks/experiments/attn_prefill_tma.py`, `h200-attn-prefill-tma.txt`): causal 8k 585
+TFLOP/s, 4 x 4k 534, against 369 / 339 for the paged kernel and 610 / 595 for torch SDPA
+(cuDNN) in the same run. This kernel itself is not yet measured on a GPU.
 
 Which requests it takes is decided on the device, by one rule both kernels apply to the same
 `cu_seqlens_q` and `seq_lens`: no cached context and at least FRESH_PREFILL_MIN_QUERY_LEN query
