@@ -24,6 +24,7 @@ import pytest
 
 from tests.e2e.conftest import run_engine_job
 from vllm_blackwell_ext import components
+from vllm_blackwell_ext.attention.fresh_prefill_switch import FRESH_PREFILL_ENV
 from vllm_blackwell_ext.vllm_compat import has_speculative_method_registry
 
 from . import checkpoints
@@ -116,6 +117,7 @@ def _jobs(models: dict[str, Path]) -> dict[str, dict[str, Any]]:
         "qwen3-flash_attn": job_spec(qwen3, attention_backend="FLASH_ATTN"),
         "qwen3-triton_attn": job_spec(qwen3, attention_backend="TRITON_ATTN"),
         "qwen3-bwx_attn": job_spec(qwen3, attention_backend="BWX_ATTN"),
+        "qwen3-bwx_attn-fresh": job_spec(qwen3, attention_backend="BWX_ATTN"),
         "qwen3-triton_attn-fp8": job_spec(
             qwen3, attention_backend="TRITON_ATTN", kv_cache_dtype="fp8"
         ),
@@ -143,11 +145,15 @@ def _jobs(models: dict[str, Path]) -> dict[str, dict[str, Any]]:
     return jobs
 
 
+# Engine environments beyond the defaults, by job: the opt-in TMA path for fresh prompts.
+JOB_ENV = {"qwen3-bwx_attn-fresh": {FRESH_PREFILL_ENV: "1"}}
+
+
 def _run_job(name: str, spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     """One engine job; a failure is kept as the job's result, so the other jobs still run."""
     started = time.perf_counter()
     try:
-        result = run_engine_job(spec, workdir, cpu=False)
+        result = run_engine_job(spec, workdir, JOB_ENV.get(name), cpu=False)
     except (AssertionError, OSError) as exc:
         return {"error": f"{name}: {exc}"}
     wall = time.perf_counter() - started
@@ -172,6 +178,7 @@ def engines(tmp_path_factory) -> dict[str, dict[str, Any]]:
 SUMMARY_PAIRS = [
     ("qwen3-flash_attn", "qwen3-triton_attn"),
     ("qwen3-bwx_attn", "qwen3-flash_attn"),
+    ("qwen3-bwx_attn-fresh", "qwen3-flash_attn"),
     ("qwen3-triton_attn-fp8", "qwen3-flash_attn"),
     ("qwen3-bwx_attn-fp8", "qwen3-flash_attn"),
     ("sliding-flash_attn", "sliding-triton_attn"),

@@ -56,6 +56,7 @@ def _noise(engines, a: str, b: str) -> tuple[float, float]:
     "job, backend",
     [
         ("qwen3-bwx_attn", "BWX_ATTN"),
+        ("qwen3-bwx_attn-fresh", "BWX_ATTN"),
         ("qwen3-bwx_attn-fp8", "BWX_ATTN"),
         ("sliding-bwx_attn", "BWX_ATTN"),
         ("mla-bwx_mla", "BWX_MLA"),
@@ -76,11 +77,11 @@ COMPILED_WHILE_SERVING = re.compile(r"Triton kernel JIT compilation during infer
 def _our_triton_kernels() -> set[str]:
     import triton
 
-    from vllm_blackwell_ext.kernels import kv_gather, mla_decode, paged_attention
+    from vllm_blackwell_ext.kernels import fresh_prefill, kv_gather, mla_decode, paged_attention
 
     return {
         obj.fn.__name__
-        for module in (kv_gather, mla_decode, paged_attention)
+        for module in (fresh_prefill, kv_gather, mla_decode, paged_attention)
         for obj in vars(module).values()
         if isinstance(obj, triton.runtime.JITFunction)
     }
@@ -90,6 +91,7 @@ def _our_triton_kernels() -> set[str]:
     "job",
     [
         "qwen3-bwx_attn",
+        "qwen3-bwx_attn-fresh",
         "qwen3-bwx_attn-fp8",
         "sliding-bwx_attn",
         "mla-bwx_mla",
@@ -103,8 +105,27 @@ def test_our_kernels_are_compiled_in_warmup_never_while_serving(engines, job):
     assert JIT_MONITOR_ON in log, "vLLM's JIT monitor was not on: nothing to check"
     compiled = set(COMPILED_WHILE_SERVING.findall(log))
     ours = _our_triton_kernels()
-    assert "_paged_attn_kernel" in ours and "_kv_gather_kernel" in ours
+    assert {"_paged_attn_kernel", "_fresh_prefill_kernel", "_kv_gather_kernel"} <= ours
     assert not compiled & ours, f"compiled while serving: {sorted(compiled & ours)}"
+
+
+FRESH_PREFILL_LOG = "read their own K/V through TMA (fresh_prefill)"
+
+
+def test_prompts_without_cached_context_through_the_tma_kernel_match_flash_attn(engines):
+    # The first chunk of each long prompt has no cached context: with the switch on, on Hopper,
+    # the bf16-cache layers read its K/V through `fresh_prefill`; off (the default), never.
+    import torch
+
+    from vllm_blackwell_ext.kernels.fresh_prefill import FRESH_PREFILL_CAPABILITIES
+
+    if torch.cuda.get_device_capability() not in FRESH_PREFILL_CAPABILITIES:
+        pytest.skip(f"fresh_prefill runs on capabilities {FRESH_PREFILL_CAPABILITIES} only")
+    fresh = result_of(engines, "qwen3-bwx_attn-fresh")
+    assert FRESH_PREFILL_LOG in fresh["log"]
+    assert FRESH_PREFILL_LOG not in result_of(engines, "qwen3-bwx_attn")["log"]
+    noise = _noise(engines, "qwen3-flash_attn", "qwen3-triton_attn")
+    assert_matches_within_noise(fresh, result_of(engines, "qwen3-flash_attn"), noise)
 
 
 def test_bwx_attn_matches_flash_attn_within_vllm_backend_noise(engines):
