@@ -19,11 +19,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -227,9 +224,8 @@ def compile_offline(
 ) -> tuple[int, int, int]:
     """Compile the split kernel for `capability` without a GPU: (shared bytes, regs, stack)."""
     import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
+    from benchmarks.offline_compile import compile_offline as compile_for
     from vllm_blackwell_ext.kernels.mla_decode import (
         SUPPORTED_LATENT,
         _mla_decode_split_fp8_kernel,
@@ -257,27 +253,13 @@ def compile_offline(
         HAS_LSE=True,
         DOT_DTYPE=tl.float16 if fp8 else tl.bfloat16,
     )
-    sig |= {n: "constexpr" for n in consts}
-    # The JIT marks 16-byte-aligned pointers and strides divisible by 16; without that the
-    # compiler cannot vectorise or pipeline the KV loads and the numbers mean nothing.
     aligned = [*ptrs, "stride_qt", "stride_qh", "stride_kv_page", "stride_kv_tok", "stride_pt",
                "stride_ph", "stride_ps", "stride_ot", "stride_oh"]  # fmt: skip
-    attrs = {(k.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    src = ASTSource(fn=k, signature=sig, constexprs=consts, attrs=attrs)
-    target = GPUTarget("cuda", capability[0] * 10 + capability[1], 32)
-    c = triton.compile(
-        src, target=target, options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    )
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                             "cuobjdump")  # fmt: skip
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(c.asm["cubin"])
-    usage = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
-                           text=True).stdout  # fmt: skip
-    os.unlink(f.name)
-    regs = int(m.group(1)) if (m := re.search(r"REG:(\d+)", usage)) else -1
-    stack = int(m.group(1)) if (m := re.search(r"STACK:(\d+)", usage)) else -1
-    return int(c.metadata.shared), regs, stack
+    stats = compile_for(
+        k, sig, consts, aligned, capability[0] * 10 + capability[1],
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return stats.shared, stats.registers, stats.stack
 
 
 def check_offline(classes: list[str]) -> int:

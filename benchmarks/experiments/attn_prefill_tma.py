@@ -439,54 +439,28 @@ def compile_only(capability: int) -> None:
 def compile_shipped(capability: int) -> None:
     """The product's `fresh_prefill` kernel (the contiguous route above, as BWX_ATTN launches
     it) compiled offline for `capability`: registers, shared memory and spills (cuobjdump)."""
-    import re
-    import subprocess
-    import tempfile
-
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    from benchmarks.offline_compile import compile_offline
     from vllm_blackwell_ext.kernels import fresh_prefill as fp
 
     cfg = fp._GPU_CONFIG
-    k = fp._fresh_prefill_kernel
-    bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     for head, gqa in ((128, 4), (128, 1), (128, 16), (64, 4)):
         bq = cfg.block_m // gqa
         consts = dict(
             GQA=gqa, HEAD=head, BLOCK_Q=bq, TILE_N=cfg.tile_n, STAGES=cfg.num_stages,
             DOT_FP32=False,
         )  # fmt: skip
-        sig = {n: "constexpr" for n in consts}
-        sig |= {"q_desc": f"tensordesc<bf16[{bq},{gqa},{head}]>", "out_ptr": "*bf16"}
+        sig = {"q_desc": f"tensordesc<bf16[{bq},{gqa},{head}]>", "out_ptr": "*bf16"}
         sig |= {n: f"tensordesc<bf16[{cfg.tile_n},{head}]>" for n in ("k_desc", "v_desc")}
         sig |= {n: "*i32" for n in ("cu_q_ptr", "seq_lens_ptr")}
         sig |= {n: "i32" for n in ("batch", "stride_ot", "stride_oh", "min_query_len")}
         sig["qk_scale"] = "fp32"
         # what the launches specialise on: 16-byte pointers, output strides of 16
         aligned = ("out_ptr", "cu_q_ptr", "seq_lens_ptr", "stride_ot", "stride_oh")
-        attrs = {(k.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-        c = triton.compile(
-            ASTSource(fn=k, signature=sig, constexprs=consts, attrs=attrs),
-            target=GPUTarget("cuda", capability, 32),
-            options=dict(num_warps=cfg.num_warps),
-        )
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(c.asm["cubin"])
-            f.flush()
-            usage = subprocess.run(
-                [bindir / "cuobjdump", "-res-usage", f.name], capture_output=True, text=True
-            ).stdout
-            sass = subprocess.run(
-                [bindir / "cuobjdump", "-sass", f.name], capture_output=True, text=True
-            ).stdout
-        regs = re.search(r"REG:(\d+)", usage)
-        spills = "LDL" in sass or "STL" in sass
-        print(
-            f"fresh_prefill head={head} gqa={gqa}: registers {regs.group(1) if regs else '?'}, "
-            f"shared {c.metadata.shared} B, spills {spills}",
-            flush=True,
-        )
+        stats = compile_offline(
+            fp._fresh_prefill_kernel, sig, consts, aligned, capability,
+            num_warps=cfg.num_warps, num_stages=3,
+        )  # fmt: skip
+        print(f"fresh_prefill head={head} gqa={gqa}: {stats}", flush=True)
 
 
 def main() -> None:

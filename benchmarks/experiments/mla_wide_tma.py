@@ -411,27 +411,26 @@ def bench(only: str) -> None:
 
 def compile_only(capability: int) -> None:
     """Each config compiled offline for `capability`: registers, shared memory, spills."""
-    import re
-    import subprocess
-    import tempfile
-
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from benchmarks.offline_compile import compile_offline
 
     print(f"# triton {triton.__version__}, offline compile for sm{capability}", flush=True)
-    k = _mla_tma_kernel
-    bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    dc = R // 4
+    ints = (
+        "stride_qt", "stride_qh", "stride_bt", "stride_pt", "stride_ph", "stride_ps",
+        "stride_lt", "stride_lh", "stride_ot", "stride_oh", "stride_lse_t", "num_heads",
+        "query_len", "num_splits", "num_row_groups",
+    )  # fmt: skip
+    # What launches specialise on: 16-byte pointers, strides that are multiples of 16.
+    aligned = ("Q", "OUT", "BT", "SEQ", "O_PART", "L_PART", "LSE", "stride_qt", "stride_qh")
+    aligned += ("stride_ot", "stride_oh", "stride_pt", "stride_ph", "stride_ps")
     for single in (True, False):
         for cfg in CONFIGS:
-            dc = R // 4
             consts = dict(
                 R=R, P=P, PAGE_SIZE=64, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=True,
                 SINGLE_SPLIT=single, HAS_LSE=True, Q_TMA=cfg.q_tma, ONE_LOOP=cfg.one_loop,
                 DOT_DTYPE=tl.bfloat16,
             )  # fmt: skip
-            sig = {n: "constexpr" for n in consts}
-            sig |= {"Q": "*bf16", "OUT": "*bf16"}
-            sig |= {n: "*i32" for n in ("BT", "SEQ")}
+            sig = {"Q": "*bf16", "OUT": "*bf16", "BT": "*i32", "SEQ": "*i32"}
             sig |= {n: "*fp32" for n in ("O_PART", "L_PART", "LSE")}
             sig |= {
                 "q_desc": f"tensordesc<bf16[{cfg.block_m},{dc}]>",
@@ -439,44 +438,17 @@ def compile_only(capability: int) -> None:
                 "kl_desc": f"tensordesc<bf16[{cfg.block_n},{dc}]>",
                 "kr_desc": f"tensordesc<bf16[{cfg.block_n},{P}]>",
             }
-            ints = (
-                "stride_qt", "stride_qh", "stride_bt", "stride_pt", "stride_ph", "stride_ps",
-                "stride_lt", "stride_lh", "stride_ot", "stride_oh", "stride_lse_t", "num_heads",
-                "query_len", "num_splits", "num_row_groups",
-            )  # fmt: skip
-            sig |= {n: "i32" for n in ints}
-            sig["qk_scale_log2"] = "fp32"
-            aligned = ("Q", "OUT", "BT", "SEQ", "O_PART", "L_PART", "LSE", "stride_qt")
-            # what launches specialise on: 16-byte pointers, strides that are multiples of 16
-            aligned += ("stride_qh", "stride_ot", "stride_oh", "stride_pt", "stride_ph")
-            aligned += ("stride_ps",)
-            attrs = {(k.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+            sig |= {n: "i32" for n in ints} | {"qk_scale_log2": "fp32"}
             tag = f"{cfg.tag} {'single' if single else 'split'}"
             try:
-                c = triton.compile(
-                    ASTSource(fn=k, signature=sig, constexprs=consts, attrs=attrs),
-                    target=GPUTarget("cuda", capability, 32),
-                    options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
-                )
+                stats = compile_offline(
+                    _mla_tma_kernel, sig, consts, aligned, capability,
+                    num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                )  # fmt: skip
             except Exception as e:  # the compiler's refusal is the finding
                 print(f"{tag}: {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
                 continue
-            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                f.write(c.asm["cubin"])
-                f.flush()
-                usage = subprocess.run(
-                    [bindir / "cuobjdump", "-res-usage", f.name], capture_output=True, text=True
-                ).stdout
-                sass = subprocess.run(
-                    [bindir / "cuobjdump", "-sass", f.name], capture_output=True, text=True
-                ).stdout
-            regs = re.search(r"REG:(\d+)", usage)
-            spills = "LDL" in sass or "STL" in sass
-            print(
-                f"{tag}: registers {regs.group(1) if regs else '?'}, shared "
-                f"{c.metadata.shared} B, spills {spills}",
-                flush=True,
-            )
+            print(f"{tag}: {stats}", flush=True)
 
 
 def main() -> None:
