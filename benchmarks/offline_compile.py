@@ -39,21 +39,26 @@ def compile_offline(
     *,
     num_warps: int,
     num_stages: int,
+    max_registers: int = 0,
 ) -> OfflineCompile:
     """Compile `kernel` for sm`capability` (e.g. 90) with the JIT's 16-divisibility
     specialisation on the `aligned` arguments (16-byte pointers, strides that are multiples
     of 16: without it the compiler can neither vectorise nor pipeline loads). `signature`
     types every runtime argument as Triton spells them ('*bf16', 'i32', 'tensordesc<...>');
-    constexprs are typed 'constexpr' here."""
+    constexprs are typed 'constexpr' here. `max_registers` caps registers per thread
+    (Triton's maxnreg; 0: no cap)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     sig = {name: "constexpr" for name in constexprs} | dict(signature)
     attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    options: dict[str, int] = dict(num_warps=num_warps, num_stages=num_stages)
+    if max_registers:
+        options["maxnreg"] = max_registers
     compiled = triton.compile(
         ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs),
         target=GPUTarget("cuda", capability, 32),
-        options=dict(num_warps=num_warps, num_stages=num_stages),
+        options=options,
     )
     bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
