@@ -503,7 +503,17 @@ def test_prefill_rows_do_not_depend_on_how_the_request_was_chunked(causal):
     chunk = torch.empty_like(q[first:])
     cu_chunk = torch.tensor([0, total - first], dtype=torch.int32, device=DEVICE)
     paged_attention(q[first:], *cache, chunk, cu_chunk, seq, bt, max_seqlen_q=total - first, **kw)
-    assert torch.equal(whole[first:], chunk)
+    if ON_GPU:
+        assert torch.equal(whole[first:], chunk)
+    else:
+        # The interpreter's dots are numpy's BLAS, whose rounding of a row depends on where the
+        # row sits in the product and on the BLAS thread count (a 2-core AMD EPYC host: with 2
+        # threads two outputs of 11,008 moved by one bf16 step, with 1 thread one near-zero
+        # output by 2e-8). So here: at most one bf16 step, or fp32 rounding of a near-zero
+        # sum, and rare; a key weighed differently by the two loops moves whole rows by more.
+        torch.testing.assert_close(whole[first:], chunk, rtol=2**-7, atol=1e-6)
+        moved = whole[first:] != chunk
+        assert moved.float().mean() < 1e-3, int(moved.sum())
 
 
 def test_strided_vllm_view_equals_contiguous_cache():
