@@ -10,13 +10,17 @@
 #               SDPA and FlashInfer (.peer_flashinfer from scripts/fetch_flashinfer_peer.sh, carried)
 #   mla-decode  benchmarks/bench_mla_decode.py: the MLA decode kernel against vLLM's Triton MLA,
 #               FlashInfer's MLA and FlashMLA (sources from scripts/fetch_flashmla_peer.sh, carried)
+#   mla-tma     benchmarks/experiments/mla_decode_tma.py: its check, then TMA-fed MLA decode tiles
+#               against the shipped kernels (mla-decode-tma.txt)
+#   host        benchmarks/experiments/attn_host_profile.py: where an eager call's host time goes
+#               (attn-host-profile.txt)
 #
 #   scripts/gpu_verify.sh OUT_DIR tests attention mla gather paged mla-decode
 #
 # OUT_DIR gets the pytest logs, the engine tests' summary.md and the benchmark results; each
 # engine's figures are written as soon as it finishes, so a run cut short keeps those.
 set -uo pipefail
-[[ $# -ge 2 ]] || { sed -n '2,17p' "$0"; exit 2; }
+[[ $# -ge 2 ]] || { sed -n '2,21p' "$0"; exit 2; }
 out=$1
 shift
 mkdir -p "$out"
@@ -45,6 +49,16 @@ for step in "$@"; do
       ;;
     mla-decode)
       python benchmarks/bench_mla_decode.py --out-dir "$out/bench" || status=1
+      ;;
+    mla-tma)
+      { python benchmarks/experiments/mla_decode_tma.py --check &&
+        python benchmarks/experiments/mla_decode_tma.py; } > "$out/mla-decode-tma.txt" 2>&1 ||
+        status=1
+      tail -n 5 "$out/mla-decode-tma.txt"
+      ;;
+    host)
+      python benchmarks/experiments/attn_host_profile.py > "$out/attn-host-profile.txt" 2>&1 ||
+        status=1
       ;;
     *)
       echo "[gpu_verify] unknown step: $step" >&2
