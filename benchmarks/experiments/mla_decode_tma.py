@@ -48,10 +48,20 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from vllm_blackwell_ext.kernels.device import device_info
+from benchmarks.bench_mla_decode import (
+    PAGE,
+    Case,
+    Inputs,
+    P,
+    R,
+    W,
+    graph_us,
+    matmul_tflops,
+    ours_fn,
+)
+from benchmarks.harness import copy_roofline_gbps
 from vllm_blackwell_ext.kernels.mla_decode import (
     MAX_SPLITS,
-    MlaDecodeWorkspace,
     _finish_rows,
     _mla_decode_merge_kernel,
     _scaled_q,
@@ -60,14 +70,10 @@ from vllm_blackwell_ext.kernels.mla_decode import (
     _store_rows,
     _widen,
     merge_config,
-    mla_decode,
     mla_decode_flops,
-    plan_mla_decode,
 )
 from vllm_blackwell_ext.reference.mla_decode import mla_decode_reference
 
-R, P, PAGE = 512, 64, 64
-W = R + P
 LOG2E = 1.4426950408889634
 K_SCALE = 0.125  # fp8 caches hold 8 x the bf16 values (as bench_mla_decode.py's)
 
@@ -481,35 +487,10 @@ CASES = [
 ]
 
 
-def shipped_us(q, cache, bt, seq, qlen, splits, cfg, k_scale):
-    """The shipped kernel with the same split plan: (us per replay, its output, its handle)."""
-    from benchmarks.bench_mla_decode import graph_us
-
-    tokens, heads, _ = q.shape
-    out = torch.empty(tokens, heads, R, dtype=q.dtype, device=q.device)
-    lse = torch.empty(tokens, heads, dtype=torch.float32, device=q.device)
-    ws = MlaDecodeWorkspace.allocate(tokens, heads, splits, R, q.device)
-    compiled: list = []
-
-    def fn() -> torch.Tensor:
-        return mla_decode(
-            q, cache, bt, seq, out, softmax_scale=W**-0.5, kv_lora_rank=R, query_len=qlen,
-            k_scale=k_scale, lse_out=lse, workspace=ws, num_splits=splits, config=cfg,
-            compiled=compiled,
-        )  # fmt: skip
-
-    us = graph_us(fn)
-    return us, out.float(), compiled[0]
-
-
 def bench(only: str) -> None:
-    from benchmarks.bench_mla_decode import graph_us, matmul_tflops
-    from benchmarks.harness import copy_roofline_gbps
-
     copy = copy_roofline_gbps("cuda")
     matmul = matmul_tflops()
     print(f"copy {copy:.0f} GB/s, matmul {matmul:.0f} TFLOP/s (bf16 8192^3), same run", flush=True)
-    info = device_info(torch.device("cuda"))
     k_scale = torch.tensor([K_SCALE], device="cuda")
     # One page pool per cache dtype for every case, each case a shuffled subset of it.
     pages = max(batch * ctx // PAGE for _, _, batch, ctx, _, _ in CASES) + 3
@@ -527,8 +508,15 @@ def bench(only: str) -> None:
         q = torch.randn(batch * qlen, heads, W, device="cuda", dtype=torch.bfloat16)
         seq = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
         scale = k_scale if fp8 else None
-        splits, cfg0 = plan_mla_decode(batch, heads, ctx, qlen, info, kv_dtype=cache.dtype)
-        us, ref, h = shipped_us(q, cache, bt, seq, qlen, splits, cfg0, scale)
+        # The shipped kernel with its split plan, which every variant below takes too.
+        compiled: list = []
+        shipped = ours_fn(
+            Case(name, heads, batch, ctx, fp8, qlen), Inputs(q, cache, bt, seq, scale),
+            compiled=compiled,
+        )  # fmt: skip
+        us = graph_us(shipped)
+        ref, h = shipped.out.float(), compiled[0]
+        splits, cfg0 = shipped.splits, shipped.cfg
 
         # fp8 rows against the copy bandwidth in fp8 bytes, bf16 rows against the matmul rate
         if fp8:
