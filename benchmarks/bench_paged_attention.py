@@ -173,7 +173,7 @@ def fresh_kv(c: Case, x: Inputs) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 
 def ours_fn(c: Case, x: Inputs, ws: SplitKVWorkspace, **kw):
-    """What BWX_ATTN's forward launches (with BWX_ATTN_FRESH_PREFILL=1): the paged kernel, and
+    """What BWX_ATTN's forward launches (fresh prefill on, the default): the paged kernel, and
     `fresh_prefill` for prompts without cached context where the device takes it (the paged
     kernel then skips them)."""
     fresh = fresh_kv(c, x)

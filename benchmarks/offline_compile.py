@@ -13,7 +13,40 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import triton
+
+_TRITON_DTYPE = {
+    torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
+    torch.int64: "i64", torch.int16: "i16", torch.uint8: "u8", torch.int8: "i8",
+    torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5",
+}  # fmt: skip
+
+
+def signature_of(kernel: Any, args: tuple) -> tuple[dict[str, str], dict[str, Any], list[str]]:
+    """`compile_offline`'s (signature, constexprs, aligned) for a launch of `kernel` with
+    `args` (every parameter in signature order, as `CachedLauncher.launch` takes them), by the
+    JIT's rules: tensors are pointers of their dtype, 16-byte aligned; ints are i32 (i64 past
+    it) and 16-divisible where they are and the kernel lets them specialise; floats are fp32."""
+    signature: dict[str, str] = {}
+    constexprs: dict[str, Any] = {}
+    aligned: list[str] = []
+    for param, arg in zip(kernel.params, args, strict=True):
+        name = param.name
+        if param.is_constexpr:
+            constexprs[name] = arg
+        elif isinstance(arg, torch.Tensor):
+            signature[name] = "*" + _TRITON_DTYPE[arg.dtype]
+            aligned.append(name)
+        elif isinstance(arg, bool):
+            signature[name] = "i1"
+        elif isinstance(arg, int):
+            signature[name] = "i32" if -(2**31) <= arg < 2**31 else "i64"
+            if arg % 16 == 0 and not param.do_not_specialize:
+                aligned.append(name)
+        else:
+            signature[name] = "fp32"
+    return signature, constexprs, aligned
 
 
 @dataclass(frozen=True)
@@ -22,12 +55,39 @@ class OfflineCompile:
     registers: int  # per thread (-1: not reported)
     stack: int  # bytes of local memory per thread (-1: not reported)
     spills: bool  # local loads or stores in the SASS
+    # Some of them inside a loop (between a backward branch and its target), so they run on
+    # every tile rather than once per program.
+    loop_spills: bool = False
+    # The kernel traps: Triton lowers a program it cannot build for the target (e.g. tensor
+    # memory accumulators past sm100's 512 columns) to `trap`, with no compile error.
+    traps: bool = False
 
     def __str__(self) -> str:
+        where = " (in a loop)" if self.loop_spills else " (outside loops)" if self.spills else ""
         return (
             f"registers {self.registers}, shared {self.shared} B, stack {self.stack} B, "
-            f"spills {self.spills}"
+            f"spills {self.spills}{where}"
+            + (", TRAPS (the kernel is a trap)" if self.traps else "")
         )
+
+
+def _local_memory_in_loops(sass: str) -> bool:
+    """Whether a local load or store (LDL/STL) of `sass` lies inside a loop's address range."""
+    addressed = [
+        (int(m.group(1), 16), m.group(2))
+        for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
+    ]
+    loops = []
+    for address, text in addressed:
+        branch = re.search(r"\bBRA(?:\.\w+)*\s+(?:!?U?P\d+,\s*)?0x([0-9a-f]+)", text)
+        if branch and int(branch.group(1), 16) < address:
+            loops.append((int(branch.group(1), 16), address))
+    return any(
+        start <= address <= end
+        for address, text in addressed
+        if re.search(r"\b(LDL|STL)\b", text)
+        for start, end in loops
+    )
 
 
 def compile_offline(
@@ -77,4 +137,6 @@ def compile_offline(
         registers=int(regs.group(1)) if regs else -1,
         stack=int(stack.group(1)) if stack else -1,
         spills=bool(re.search(r"\b(LDL|STL)\b", sass)),
+        loop_spills=_local_memory_in_loops(sass),
+        traps=bool(re.search(r"^\s*trap;", compiled.asm["ptx"], re.MULTILINE)),
     )

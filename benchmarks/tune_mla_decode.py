@@ -9,7 +9,8 @@ or spill registers, and print the device class's table entry for
 
 Offline check (no GPU needed; Triton's bundled ptxas and cuobjdump): compile every table entry
 of a device class for that architecture and report shared memory against the class's
-per-block limit, registers and spill (stack) bytes. Exits non-zero if an entry exceeds the limit.
+per-block limit, registers and spill (stack) bytes. Exits non-zero if an entry exceeds the
+limit, spills registers inside its loop or compiles to a trap kernel.
 
     python benchmarks/tune_mla_decode.py --check sm120 [--check sm90 ...]
 """
@@ -30,6 +31,7 @@ sys.path[:0] = [str(REPO), str(REPO / "src")]  # run from a checkout: `benchmark
 import torch
 import triton
 
+from benchmarks.offline_compile import OfflineCompile
 from vllm_blackwell_ext.kernels.device import MIN_FP8_CAPABILITY, SMEM_LIMIT_BY_CAPABILITY
 from vllm_blackwell_ext.kernels.mla_decode_configs import (
     MLA_DECODE_CONFIGS,
@@ -221,8 +223,8 @@ def _inputs(heads: int, q_len: int, batch: int, ctx: int, fp8: bool) -> dict:
 
 def compile_offline(
     cfg: MlaDecodeConfig, capability: tuple[int, int], fp8: bool, kv_lora_rank: int = R
-) -> tuple[int, int, int]:
-    """Compile the split kernel for `capability` without a GPU: (shared bytes, regs, stack)."""
+) -> OfflineCompile:
+    """Compile the split kernel for `capability` without a GPU."""
     import triton.language as tl
 
     from benchmarks.offline_compile import compile_offline as compile_for
@@ -255,11 +257,10 @@ def compile_offline(
     )
     aligned = [*ptrs, "stride_qt", "stride_qh", "stride_kv_page", "stride_kv_tok", "stride_pt",
                "stride_ph", "stride_ps", "stride_ot", "stride_oh"]  # fmt: skip
-    stats = compile_for(
+    return compile_for(
         k, sig, consts, aligned, capability[0] * 10 + capability[1],
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    return stats.shared, stats.registers, stats.stack
 
 
 def check_offline(classes: list[str]) -> int:
@@ -276,13 +277,17 @@ def check_offline(classes: list[str]) -> int:
                         if key in seen:
                             continue
                         seen.add(key)
-                        shared, regs, stack = compile_offline(cfg, cap, tag == "fp8", rank)
-                        ok = shared <= limit
-                        bad += not ok
+                        stats = compile_offline(cfg, cap, tag == "fp8", rank)
+                        problems = [
+                            *(["OVER LIMIT"] if stats.shared > limit else []),
+                            *(["SPILLS IN A LOOP"] if stats.loop_spills else []),
+                            *(["TRAPS"] if stats.traps else []),
+                        ]
+                        bad += bool(problems)
                         print(
                             f"{cls} {tag} tile {tile} latent {rank}: {cfg} "
-                            f"shared={shared}/{limit} regs={regs} stack={stack} "
-                            f"{'ok' if ok else 'OVER LIMIT'}",
+                            f"shared={stats.shared}/{limit} regs={stats.registers} "
+                            f"stack={stats.stack} {' '.join(problems) or 'ok'}",
                             flush=True,
                         )
     return 1 if bad else 0

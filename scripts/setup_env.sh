@@ -27,6 +27,10 @@ if [[ ! -f "$stamp" || "$root/pyproject.toml" -nt "$stamp" ]]; then
   fi
   python -m pip install -q -e "$root[$extras]"
   if [[ "$flavour" == cpu ]]; then
+    # The Triton that vLLM 0.32's CUDA torch (2.13.0) pins, so the interpreter tests and the
+    # offline compiles for each GPU class (benchmarks/attn_offline_check.py, tune_mla_decode.py
+    # --check) judge the compiler users of the supported line run, not the registry's newest.
+    python -m pip install -q "triton==3.7.1"
     # The registry's torchvision/torchaudio do not import beside torch 2.13.0+cpu and break
     # `import vllm` (operator torchvision::nms does not exist); a text model needs none of them.
     python -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true

@@ -371,7 +371,7 @@ WITH_FRESH = [Request(0, 150), Request(40, 24), Request(70, 1), Request(0, 17), 
 def test_fresh_prompts_take_the_tma_kernel_where_the_layer_allows_and_match_torch(
     vllm_configs, monkeypatch, kv_cache_dtype, dtype, window, takes_fresh
 ):
-    monkeypatch.setenv(FRESH_PREFILL_ENV, "1")
+    monkeypatch.delenv(FRESH_PREFILL_ENV, raising=False)  # on by default
     step: dict = {}
     got, expected, md = _run_step(
         vllm_configs, WITH_FRESH, dtype=dtype, kv_cache_dtype=kv_cache_dtype, window=window,
@@ -383,14 +383,14 @@ def test_fresh_prompts_take_the_tma_kernel_where_the_layer_allows_and_match_torc
 
 
 def test_batches_without_a_fresh_prompt_plan_none(vllm_configs, monkeypatch):
-    monkeypatch.setenv(FRESH_PREFILL_ENV, "1")
+    monkeypatch.delenv(FRESH_PREFILL_ENV, raising=False)  # on by default
     # 140 queries after 10 cached tokens and a fresh prompt shorter than one key tile
     _, _, md = _run_step(vllm_configs, [Request(10, 140), Request(0, 17), Request(70, 1)])
     assert not md.fresh_prefill
 
 
-def test_fresh_prompts_stay_with_the_paged_kernel_unless_switched_on(vllm_configs, monkeypatch):
-    monkeypatch.delenv(FRESH_PREFILL_ENV, raising=False)
+def test_fresh_prompts_stay_with_the_paged_kernel_when_switched_off(vllm_configs, monkeypatch):
+    monkeypatch.setenv(FRESH_PREFILL_ENV, "0")
     got, expected, md = _run_step(vllm_configs, WITH_FRESH)
     assert not md.fresh_prefill
     _assert_close(got, expected, torch.bfloat16)

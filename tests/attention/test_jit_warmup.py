@@ -57,7 +57,7 @@ QWEN3_8B = jit_warmup.AttentionLayerKind(
 def test_warmup_keys_cover_every_variant_a_launch_can_compile(
     kv_dtype, gqa, num_kv_heads, monkeypatch
 ):
-    monkeypatch.setenv(FRESH_PREFILL_ENV, "1")
+    monkeypatch.delenv(FRESH_PREFILL_ENV, raising=False)  # on by default
     # Brute force over what launches reach: every query length, every batch the split plan
     # may split, contexts up to max_model_len. A variant is the tile config and the merge
     # (none, in the kernel, or the merge kernel). 48 KV heads: fp8 single tokens plan at
@@ -103,7 +103,7 @@ def test_warmup_keys_cover_every_variant_a_launch_can_compile(
     fresh = [k for k in keys if isinstance(k, jit_warmup.FreshPrefillKey)]
     assert len(fresh) == (1 if kv_dtype == torch.bfloat16 else 0)
     assert len(keys) == len(paged) + len(fresh)
-    monkeypatch.delenv(FRESH_PREFILL_ENV)  # the switch off: nothing of it is compiled
+    monkeypatch.setenv(FRESH_PREFILL_ENV, "0")  # the switch off: nothing of it is compiled
     off = jit_warmup.paged_attention_warmup_keys(layer, max_model_len, H200)
     assert off == paged
 
@@ -194,7 +194,7 @@ def test_builder_registers_each_layer_kind_once_and_vllm_warmup_launches_them(
     # The builder registers only on CUDA; here the registry's compile step runs our launch
     # on the CPU (interpreter) instead of the GPU, everything else is vLLM's own path.
     monkeypatch.setattr(bwx_attn.current_platform, "is_cuda", lambda: True)
-    monkeypatch.setenv(FRESH_PREFILL_ENV, "1")
+    monkeypatch.delenv(FRESH_PREFILL_ENV, raising=False)  # on by default
     launched = []
 
     def compile_on_cpu(key):

@@ -117,7 +117,7 @@ def _jobs(models: dict[str, Path]) -> dict[str, dict[str, Any]]:
         "qwen3-flash_attn": job_spec(qwen3, attention_backend="FLASH_ATTN"),
         "qwen3-triton_attn": job_spec(qwen3, attention_backend="TRITON_ATTN"),
         "qwen3-bwx_attn": job_spec(qwen3, attention_backend="BWX_ATTN"),
-        "qwen3-bwx_attn-fresh": job_spec(qwen3, attention_backend="BWX_ATTN"),
+        "qwen3-bwx_attn-paged": job_spec(qwen3, attention_backend="BWX_ATTN"),
         "qwen3-triton_attn-fp8": job_spec(
             qwen3, attention_backend="TRITON_ATTN", kv_cache_dtype="fp8"
         ),
@@ -145,8 +145,8 @@ def _jobs(models: dict[str, Path]) -> dict[str, dict[str, Any]]:
     return jobs
 
 
-# Engine environments beyond the defaults, by job: the opt-in TMA path for fresh prompts.
-JOB_ENV = {"qwen3-bwx_attn-fresh": {FRESH_PREFILL_ENV: "1"}}
+# Engine environments beyond the defaults, by job: the TMA path for fresh prompts switched off.
+JOB_ENV = {"qwen3-bwx_attn-paged": {FRESH_PREFILL_ENV: "0"}}
 
 
 def _run_job(name: str, spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
@@ -178,7 +178,7 @@ def engines(tmp_path_factory) -> dict[str, dict[str, Any]]:
 SUMMARY_PAIRS = [
     ("qwen3-flash_attn", "qwen3-triton_attn"),
     ("qwen3-bwx_attn", "qwen3-flash_attn"),
-    ("qwen3-bwx_attn-fresh", "qwen3-flash_attn"),
+    ("qwen3-bwx_attn-paged", "qwen3-flash_attn"),
     ("qwen3-triton_attn-fp8", "qwen3-flash_attn"),
     ("qwen3-bwx_attn-fp8", "qwen3-flash_attn"),
     ("sliding-flash_attn", "sliding-triton_attn"),

@@ -56,7 +56,7 @@ def _noise(engines, a: str, b: str) -> tuple[float, float]:
     "job, backend",
     [
         ("qwen3-bwx_attn", "BWX_ATTN"),
-        ("qwen3-bwx_attn-fresh", "BWX_ATTN"),
+        ("qwen3-bwx_attn-paged", "BWX_ATTN"),
         ("qwen3-bwx_attn-fp8", "BWX_ATTN"),
         ("sliding-bwx_attn", "BWX_ATTN"),
         ("mla-bwx_mla", "BWX_MLA"),
@@ -91,7 +91,7 @@ def _our_triton_kernels() -> set[str]:
     "job",
     [
         "qwen3-bwx_attn",
-        "qwen3-bwx_attn-fresh",
+        "qwen3-bwx_attn-paged",
         "qwen3-bwx_attn-fp8",
         "sliding-bwx_attn",
         "mla-bwx_mla",
@@ -112,20 +112,21 @@ def test_our_kernels_are_compiled_in_warmup_never_while_serving(engines, job):
 FRESH_PREFILL_LOG = "read their own K/V through TMA (fresh_prefill)"
 
 
-def test_prompts_without_cached_context_through_the_tma_kernel_match_flash_attn(engines):
-    # The first chunk of each long prompt has no cached context: with the switch on, on Hopper,
-    # the bf16-cache layers read its K/V through `fresh_prefill`; off (the default), never.
+def test_prompts_without_cached_context_take_the_tma_kernel_unless_switched_off(engines):
+    # The first chunk of each long prompt has no cached context: on Hopper the bf16-cache layers
+    # read its K/V through `fresh_prefill` by default; switched off, the paged kernel reads it.
+    # Both are held to FLASH_ATTN (the default one by the test below).
     import torch
 
     from vllm_blackwell_ext.kernels.fresh_prefill import FRESH_PREFILL_CAPABILITIES
 
     if torch.cuda.get_device_capability() not in FRESH_PREFILL_CAPABILITIES:
         pytest.skip(f"fresh_prefill runs on capabilities {FRESH_PREFILL_CAPABILITIES} only")
-    fresh = result_of(engines, "qwen3-bwx_attn-fresh")
-    assert FRESH_PREFILL_LOG in fresh["log"]
-    assert FRESH_PREFILL_LOG not in result_of(engines, "qwen3-bwx_attn")["log"]
+    assert FRESH_PREFILL_LOG in result_of(engines, "qwen3-bwx_attn")["log"]
+    paged = result_of(engines, "qwen3-bwx_attn-paged")
+    assert FRESH_PREFILL_LOG not in paged["log"]
     noise = _noise(engines, "qwen3-flash_attn", "qwen3-triton_attn")
-    assert_matches_within_noise(fresh, result_of(engines, "qwen3-flash_attn"), noise)
+    assert_matches_within_noise(paged, result_of(engines, "qwen3-flash_attn"), noise)
 
 
 def test_bwx_attn_matches_flash_attn_within_vllm_backend_noise(engines):

@@ -450,9 +450,10 @@ def test_config_table_covers_every_device_class_and_row_tile():
 
 
 @pytest.mark.parametrize("device_class", ["sm80", "sm89", "sm90", "sm100", "sm120"])
-def test_table_entries_compile_within_their_class_shared_memory(device_class):
+def test_table_entries_compile_clean_for_their_class(device_class):
     """Each entry compiled offline for its architecture (Triton's bundled ptxas, no GPU): one
-    over the class's per-block shared memory would fail at its first launch on that part.
+    over the class's per-block shared memory would fail at its first launch on that part, one
+    that compiles to a trap would fault there, and spills in its loop cost every tile.
     In a subprocess: under TRITON_INTERPRET the kernels are interpreter objects, not compilable.
     """
     repo = Path(__file__).resolve().parents[2]

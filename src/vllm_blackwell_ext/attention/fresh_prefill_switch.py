@@ -1,10 +1,9 @@
 """Whether BWX_ATTN hands prompts without cached context to `fresh_prefill` (TMA).
 
-Off unless BWX_ATTN_FRESH_PREFILL=1 in the engine's environment: the kernel matches the
-reference under the CPU interpreter and, as `benchmarks/experiments/attn_prefill_tma.py`, ran
-at 585 TFLOP/s at causal 8k on the H200 against 369 for the paged kernel, but the backend's
-path through it has not yet served inside a GPU engine. One switch for the metadata builder,
-which plans it, and the JIT warm-up, which compiles it.
+On unless BWX_ATTN_FRESH_PREFILL=0 in the engine's environment (it applies where the device and
+the layer allow: `kernels/fresh_prefill.py`'s `fresh_prefill_supported`). The switch exists to
+compare against the paged kernel and to step around the TMA path if it ever misbehaves. One
+switch for the metadata builder, which plans it, and the JIT warm-up, which compiles it.
 """
 
 from __future__ import annotations
@@ -15,4 +14,4 @@ FRESH_PREFILL_ENV = "BWX_ATTN_FRESH_PREFILL"
 
 
 def fresh_prefill_enabled() -> bool:
-    return os.environ.get(FRESH_PREFILL_ENV) == "1"
+    return os.environ.get(FRESH_PREFILL_ENV, "1") != "0"

@@ -41,6 +41,13 @@ class DeviceInfo:
     smem_per_block: int
 
     @property
+    def warp_mma_only(self) -> bool:
+        """Tensor cores fed per warp (mma.sync: sm80-sm89, sm120), without Hopper's warpgroup
+        MMA or sm100's tensor-memory MMA: a tile's accumulator and dot operands sit in its
+        warps' registers, so wide tiles need more warps."""
+        return self.capability[0] in (8, 12)
+
+    @property
     def device_class(self) -> str:
         """Config-table key: 'sm90', 'sm100', 'sm120', ... ('cpu' under the interpreter)."""
         if self.capability == (0, 0):

@@ -39,8 +39,8 @@ ROW_TILES: tuple[int, ...] = (16, 32, 64)
 # kernel's tiles are pipelined five stages deep (Triton spends one on the block-table read, so
 # fewer leave the tile a single buffer); 32 keys on 4 warps beat 64 or 128 keys on 8, and two
 # 32-row tiles beat one 64-row tile (H200, `benchmarks/results/h200-mla-split-variants.txt`).
-# Every entry compiles within its class's shared memory (`tune_mla_decode.py --check`, run by
-# the kernel tests).
+# Every entry compiles for its class's own architecture within its shared memory, without
+# spills and to a real kernel (`tune_mla_decode.py --check`, run by the kernel tests).
 MLA_DECODE_CONFIGS: dict[str, dict[str, dict[int, MlaDecodeConfig]]] = {
     # Hopper: 227 KiB shared memory. Tuned on an H200 (tune_mla_decode.py --write).
     "sm90": {
@@ -56,21 +56,25 @@ MLA_DECODE_CONFIGS: dict[str, dict[str, dict[int, MlaDecodeConfig]]] = {
         },
     },
     # Datacenter Blackwell: same shared-memory budget as Hopper; untuned, Hopper's choice where
-    # it fits: Hopper's 64-row bf16 tile compiles to 262,800 B there (Triton 3.6), 16 keys
-    # fit in 168,592.
+    # it compiles clean for sm100. Not its 64-row tiles: Triton (3.6-3.9) gives 64-row dots
+    # sm100's tensor-memory MMA, and the four [64, 128] fp32 accumulator chunks plus the score
+    # tile exceed its 512 columns: the kernel compiles to a trap. 32-row tiles (mma.sync) on
+    # 64 keys instead, Hopper's fastest 32-row tile (H200, 128 heads: 146.8 TFLOP/s against
+    # the 64-row tile's 178.4, `h200-mla-wide-rows.txt`). fp8 tiles of 32 rows spill on sm100
+    # (Triton 3.7.1: 40-48 B of stack): two 16-row programs instead.
     "sm100": {
         "bf16": {16: C(16, 64, 4, 3, 2, 128), 32: C(16, 64, 4, 3, 2, 128),
-                 64: C(64, 16, 8, 2, 1, 128)},
-        "fp8":  {16: C(16, 32, 4, 5, 2, 128), 32: C(32, 32, 4, 5, 2, 128),
-                 64: C(32, 32, 4, 5, 2, 128)},
+                 64: C(32, 64, 8, 3, 1, 128)},
+        "fp8":  {16: C(16, 32, 4, 5, 2, 128), 32: C(16, 32, 4, 5, 2, 128),
+                 64: C(16, 32, 4, 5, 2, 128)},
     },
-    # Consumer Blackwell (and sm86/sm89): 101,376 B per block. fp8 entries untuned: Hopper's,
-    # which fit.
+    # Consumer Blackwell (and sm86/sm89): 101,376 B per block. fp8 entries untuned: Hopper's
+    # 16-row tile, which fits (its 32-row tile spills on sm120 under Triton 3.7.1).
     "sm120": {
         "bf16": {16: C(16, 32, 4, 2, 2, 128), 32: C(32, 32, 8, 2, 1, 128),
                  64: C(32, 32, 8, 2, 1, 128)},
-        "fp8":  {16: C(16, 32, 4, 5, 2, 128), 32: C(32, 32, 4, 5, 2, 128),
-                 64: C(32, 32, 4, 5, 2, 128)},
+        "fp8":  {16: C(16, 32, 4, 5, 2, 128), 32: C(16, 32, 4, 5, 2, 128),
+                 64: C(16, 32, 4, 5, 2, 128)},
     },
     # A100: 163 KiB; untuned. fp8 caches need sm89 (`device.MIN_FP8_CAPABILITY`): its fp8 row
     # only keeps the table whole.
