@@ -59,11 +59,14 @@ QUICK = [((128, 128), "causal"), ((192, 128), "causal"), ((64, 64), "sinks+windo
 QUICK_SPLITS = [1, 4]
 NUM_KV_HEADS, PAGE, CONTEXT = 2, 16, 4096
 KERNELS = {"attn": pa._paged_attn_kernel, "merge": pa._split_kv_merge_kernel}
-# Where spills inside a loop are reported but not counted as failures: for sm100, ptxas holds
-# many of these kernels at 128 registers whatever the tile (Triton 3.7.1-3.9), and which tiles
-# then spill a few bytes (8-32 B) moves between Triton releases; the configs are chosen clean
-# under 3.7.1, vLLM 0.32's. Traps, shared memory and compile failures count everywhere.
-LOOP_SPILLS_REPORTED_ONLY = {"sm100"}
+# Where spills inside a loop are reported but not counted as failures. sm90: its configs stay
+# as they ran on the H200 and H100 until a GPU measures an alternative, since a spill-free one
+# can be slower (the 64-row fp8 verify tile spills 32 B in DFlash draft layers with a window;
+# the spill-free choices ran 1.08-1.75x slower on an H100). sm100: ptxas holds many of these
+# kernels at 128 registers whatever the tile (Triton 3.7.1-3.9), and which tiles then spill a
+# few bytes (8-32 B) moves between releases; its configs are chosen clean under 3.7.1, vLLM
+# 0.32's. Traps, shared memory and compile failures count everywhere.
+LOOP_SPILLS_REPORTED_ONLY = {"sm90", "sm100"}
 
 
 @dataclass(frozen=True)

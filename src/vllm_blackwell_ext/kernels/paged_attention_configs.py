@@ -137,6 +137,10 @@ def select_config(
     """
     head_max = max(head_k_pad, head_v_pad)
     gqa_pad = next_power_of_2(gqa)
+    # Hopper's choices below were measured on H200/H100s. Elsewhere some of them spill registers
+    # inside the loop, found by compiling each class's configs for its own architecture
+    # (`benchmarks/attn_offline_check.py`, Triton 3.7.1) and changed there, unmeasured.
+    hopper = info.device_class == "sm90"
     if max_seqlen_q <= SPLIT_KV_MAX_QUERY_LEN:
         # Decode/verify: one program holds every query token of the request for one KV head,
         # so each K/V byte is read once per KV head whatever the query length.
@@ -144,9 +148,9 @@ def select_config(
         block_m = min(block_m, max(128 if head_max <= 128 else 64, gqa_pad))
     else:
         # Prefill: large query tiles for tensor-core efficiency; smaller for wide heads to
-        # keep the fp32 accumulator in registers, and smaller again for wide heads over an fp8
-        # cache, whose converted tiles spill 64 rows on sm90/sm100 (offline compiles).
-        block_m = 128 if head_max <= 128 else 32 if kv_elem == 1 else 64
+        # keep the fp32 accumulator in registers, and off Hopper smaller again for wide heads
+        # over an fp8 cache (64 rows spill there; 32: 190 registers).
+        block_m = 128 if head_max <= 128 else 32 if kv_elem == 1 and not hopper else 64
         block_m = max(block_m, gqa_pad)
     block_q = max(1, block_m // gqa)
     # Same bytes per step whatever the cache dtype: fp8 tiles cover twice the keys.
@@ -157,25 +161,20 @@ def select_config(
         # B=1 128k 192 -> 155 us, B=8 32k 345 -> 285 us. Unsplit launches (B=64: 1941 vs
         # 2039 us) and fp8 caches (128 keys: 2217 vs 1732 GB/s at B=8) keep the wider tile.
         tile_n = 32
-    hopper = info.device_class == "sm90"
     # Per-warp MMA keeps 64+ rows of fp8 tiles at the 2-byte width: 128 converted keys spill
     # there (sm120, head 64 with sinks: 24 B of stack in the loop; 64 keys: 154 registers).
     if kv_elem == 1 and not (info.warp_mma_only and block_m >= 64):
         tile_n *= 2
     prefill = max_seqlen_q > SPLIT_KV_MAX_QUERY_LEN
     num_warps = 8 if block_m * head_max >= 128 * 128 or block_m >= 128 else 4
-    # 8 warps where 4 spill inside the loop (offline compiles for each class's architecture,
-    # `benchmarks/attn_offline_check.py`, Triton 3.7.1): 64-row tiles off Hopper, whose
-    # warpgroup MMA holds them in 4 warps (16-token verify blocks at GQA 4 on sm80-sm120: 255
-    # registers and 16-104 B of stack, 8 warps: 146-188 registers; sm100, head 64 with sinks:
-    # 8 B, 8 warps: 118 registers), 32-row tiles of an fp8 cache over 128-256-wide heads
-    # (sm90, sm100: 40-112 B; 8 warps: 176-202 registers) and 64-row fp8 query blocks (sm90
-    # DFlash draft layers with a window: 32 B; 8 warps: 224 registers).
-    if (
-        (not hopper and block_m >= 64)
-        or (kv_elem == 1 and block_m == 32 and head_max >= 128)
-        or (kv_elem == 1 and block_m == 64 and not prefill)
-    ):
+    # Off Hopper, 8 warps where 4 spill inside the loop: 64-row tiles (16-token verify blocks at
+    # GQA 4 on sm80-sm120: 255 registers and 16-104 B of stack, 8 warps: 146-188 registers;
+    # sm100, head 64 with sinks: 8 B, 8 warps: 118 registers) and 32-row tiles of an fp8 cache
+    # over 128-256-wide heads (sm100: 40-112 B; 8 warps: 176-202 registers). Hopper's 64-row
+    # fp8 query blocks also spill (32 B in DFlash draft layers with a window), but 8 warps or
+    # 64-key tiles ran verify q=16 B=8 x 32k 1.75x / 1.08x slower on an H100
+    # (`attn_kernel_ab.py`, `h100-attn-fp8-verify-tiles.txt`).
+    if not hopper and (block_m >= 64 or (kv_elem == 1 and block_m == 32 and head_max >= 128)):
         num_warps = 8
     # The fp8 decode rules below key on the 16-row tile, as the kernel variant does: single
     # tokens at GQA <= 16 (where they were measured), and query blocks up to 16 rows (verify of
@@ -187,8 +186,6 @@ def select_config(
     # and short verify splits (q=16 B=1 8k 28.4 -> 31.0 us), which keep one masked loop.
     unmasked = prefill or fp8_16_rows
     big_smem = head_max <= 128 and info.smem_per_block >= DOUBLE_BUFFER_MIN_SMEM
-    # The fp8 decode register cap was measured on Hopper; on sm100 it spills the loop (40-48 B,
-    # Triton 3.7.1) where the uncapped kernel takes 162-195 registers.
     # Block-table reads one tile ahead: faster for prefill (H200, TFLOP/s: causal 8k 334.7 ->
     # 371.2, 4 x 4k 316.5 -> 349.4, 2k chunk after 14k 328.8 -> 367.8, fp8 8k 305.9 -> 315.8),
     # slower for decode and verify (B=64 32k 1.21x, fp8 B=8 32k 1.41x, q=16 B=1 8k 1.23x the
@@ -207,6 +204,8 @@ def select_config(
             block_m, block_q, PREFILL_WIDE_TILE_N, num_warps, PREFILL_WIDE_STAGES, True, unmasked,
             prefetch, pairs,
         )  # fmt: skip
+    # The fp8 decode register cap was measured on Hopper; on sm100 it spills the loop (40-48 B,
+    # Triton 3.7.1) where the uncapped kernel takes 162-195 registers.
     if big_smem and not prefill and (fp8_16_rows or (kv_elem == 2 and split_kv)):
         return AttnConfig(
             block_m, block_q, tile_n, num_warps, DOUBLE_BUFFER_STAGES, True, unmasked, prefetch,
