@@ -30,7 +30,12 @@ sys.path[:0] = [str(REPO), str(REPO / "src")]  # run from a checkout: `benchmark
 
 import torch
 
-from benchmarks.offline_compile import OfflineCompile, compile_offline, signature_of
+from benchmarks.offline_compile import (
+    CLASS_CAPABILITY,
+    OfflineCompile,
+    compile_offline,
+    signature_of,
+)
 from vllm_blackwell_ext.kernels import paged_attention as pa
 from vllm_blackwell_ext.kernels.device import (
     MIN_FP8_CAPABILITY,
@@ -38,8 +43,6 @@ from vllm_blackwell_ext.kernels.device import (
     DeviceInfo,
 )
 
-CLASS_CAPABILITY = {"sm80": (8, 0), "sm86": (8, 6), "sm89": (8, 9), "sm90": (9, 0),
-                    "sm100": (10, 0), "sm120": (12, 0)}  # fmt: skip
 # (head_size, head_size_v): every padded width the kernel has, and unequal K/V heads.
 HEADS = [(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)]
 # (query tokens per request, GQA): single-token decode (MHA, GQA 4 and 16), short verify,

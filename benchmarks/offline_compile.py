@@ -15,37 +15,33 @@ from typing import Any
 
 import torch
 import triton
+from triton.runtime.jit import mangle_type
 
-_TRITON_DTYPE = {
-    torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
-    torch.int64: "i64", torch.int16: "i16", torch.uint8: "u8", torch.int8: "i8",
-    torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5",
-}  # fmt: skip
+# Device classes (`DeviceInfo.device_class`) and the capability each compiles for.
+CLASS_CAPABILITY = {"sm80": (8, 0), "sm86": (8, 6), "sm89": (8, 9), "sm90": (9, 0),
+                    "sm100": (10, 0), "sm120": (12, 0)}  # fmt: skip
 
 
 def signature_of(kernel: Any, args: tuple) -> tuple[dict[str, str], dict[str, Any], list[str]]:
     """`compile_offline`'s (signature, constexprs, aligned) for a launch of `kernel` with
-    `args` (every parameter in signature order, as `CachedLauncher.launch` takes them), by the
-    JIT's rules: tensors are pointers of their dtype, 16-byte aligned; ints are i32 (i64 past
-    it) and 16-divisible where they are and the kernel lets them specialise; floats are fp32."""
+    `args` (every parameter in signature order, as `CachedLauncher.launch` takes them): each
+    runtime argument typed as Triton's JIT types it; tensors 16-byte aligned, ints 16-divisible
+    where they are and the kernel lets them specialise."""
     signature: dict[str, str] = {}
     constexprs: dict[str, Any] = {}
     aligned: list[str] = []
     for param, arg in zip(kernel.params, args, strict=True):
-        name = param.name
         if param.is_constexpr:
-            constexprs[name] = arg
-        elif isinstance(arg, torch.Tensor):
-            signature[name] = "*" + _TRITON_DTYPE[arg.dtype]
-            aligned.append(name)
-        elif isinstance(arg, bool):
-            signature[name] = "i1"
-        elif isinstance(arg, int):
-            signature[name] = "i32" if -(2**31) <= arg < 2**31 else "i64"
-            if arg % 16 == 0 and not param.do_not_specialize:
-                aligned.append(name)
-        else:
-            signature[name] = "fp32"
+            constexprs[param.name] = arg
+            continue
+        signature[param.name] = mangle_type(arg)
+        if isinstance(arg, torch.Tensor) or (
+            isinstance(arg, int)
+            and not isinstance(arg, bool)
+            and arg % 16 == 0
+            and not param.do_not_specialize
+        ):
+            aligned.append(param.name)
     return signature, constexprs, aligned
 
 

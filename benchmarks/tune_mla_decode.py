@@ -31,7 +31,7 @@ sys.path[:0] = [str(REPO), str(REPO / "src")]  # run from a checkout: `benchmark
 import torch
 import triton
 
-from benchmarks.offline_compile import OfflineCompile
+from benchmarks.offline_compile import CLASS_CAPABILITY, OfflineCompile
 from vllm_blackwell_ext.kernels.device import MIN_FP8_CAPABILITY, SMEM_LIMIT_BY_CAPABILITY
 from vllm_blackwell_ext.kernels.mla_decode_configs import (
     MLA_DECODE_CONFIGS,
@@ -44,8 +44,6 @@ R, P, PAGE = 512, 64, 64
 W = R + P
 # Representative shape per row tile: (heads, query_len, batch, context).
 SHAPES = {16: (16, 1, 64, 16384), 32: (32, 1, 64, 16384), 64: (128, 1, 32, 16384)}
-CLASS_CAPABILITY = {"sm80": (8, 0), "sm86": (8, 6), "sm89": (8, 9), "sm90": (9, 0),
-                    "sm100": (10, 0), "sm120": (12, 0)}  # fmt: skip
 
 
 # A short list per (dtype, row tile) worth a GPU's minute: the table entry's neighbours that
