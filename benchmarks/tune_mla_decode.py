@@ -36,6 +36,7 @@ from vllm_blackwell_ext.kernels.device import MIN_FP8_CAPABILITY, SMEM_LIMIT_BY_
 from vllm_blackwell_ext.kernels.mla_decode_configs import (
     MLA_DECODE_CONFIGS,
     MLA_DECODE_FEW_PROGRAM_CONFIGS,
+    MLA_DECODE_TMA_CONFIGS,
     ROW_TILES,
     MlaDecodeConfig,
 )
@@ -188,9 +189,12 @@ def _table_entry(device_class: str, tag: str, tile: int) -> MlaDecodeConfig:
 
 
 def _table_entries(device_class: str, tag: str, tile: int) -> list[MlaDecodeConfig]:
-    """The entry and, where the class has one, its few-program entry."""
-    few = MLA_DECODE_FEW_PROGRAM_CONFIGS.get(device_class, {}).get(tag, {})
-    return [_table_entry(device_class, tag, tile), *([few[tile]] if tile in few else [])]
+    """The entry and, where the class has them, its few-program and TMA entries."""
+    extra = [
+        table.get(device_class, {}).get(tag, {}).get(tile)
+        for table in (MLA_DECODE_FEW_PROGRAM_CONFIGS, MLA_DECODE_TMA_CONFIGS)
+    ]
+    return [_table_entry(device_class, tag, tile), *[c for c in extra if c is not None]]
 
 
 def _format_entry(device_class: str, entry: dict[str, dict[int, MlaDecodeConfig]]) -> str:
@@ -239,11 +243,20 @@ def compile_offline(
     ints = ["stride_qt", "stride_qh", "stride_kv_page", "stride_kv_tok", "stride_bt",
             "stride_pt", "stride_ph", "stride_ps", "stride_lt", "stride_lh", "stride_ot",
             "stride_oh", "stride_lse_t"]  # fmt: skip
+    rope = SUPPORTED_LATENT[kv_lora_rank]
     sig = dict(ptrs) | {n: "i32" for n in ints} | {"qk_scale_log2": "fp32"}
     sig |= {n: "i32" for n in ("num_heads", "query_len", "num_splits", "num_row_groups")}
+    tma: dict = {}
+    if not fp8:  # the 16-bit kernel's key tiles come through descriptors or a gather
+        if cfg.tma:
+            sig["KL_DESC"] = f"tensordesc<bf16[{cfg.block_n},{kv_lora_rank // 4}]>"
+            sig["KR_DESC"] = f"tensordesc<bf16[{cfg.block_n},{rope}]>"
+        else:
+            tma = dict(KL_DESC=None, KR_DESC=None)
+        tma["TMA"] = cfg.tma
     consts = dict(
         R=kv_lora_rank,
-        P=SUPPORTED_LATENT[kv_lora_rank],
+        P=rope,
         PAGE_SIZE=PAGE,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
@@ -252,6 +265,7 @@ def compile_offline(
         SINGLE_SPLIT=False,
         HAS_LSE=True,
         DOT_DTYPE=tl.float16 if fp8 else tl.bfloat16,
+        **tma,
     )
     aligned = [*ptrs, "stride_qt", "stride_qh", "stride_kv_page", "stride_kv_tok", "stride_pt",
                "stride_ph", "stride_ps", "stride_ot", "stride_oh"]  # fmt: skip

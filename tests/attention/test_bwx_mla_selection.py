@@ -193,6 +193,19 @@ def test_backend_declares_dcp_lse_and_uniform_cudagraphs():
     assert builder.query_len_support == QueryLenSupport.UNIFORM
 
 
+def test_vllm_gives_bwx_mla_64_token_pages_unless_told_otherwise():
+    """vLLM's block-size pick for a lone backend: ours asks for 64-token pages (whole TMA
+    tiles on Hopper), and any multiple of 16 a user passes stays valid."""
+    from vllm.config import VllmConfig
+    from vllm.platforms.interface import Platform
+
+    from vllm_blackwell_ext.attention.bwx_mla import BwxMLABackend
+
+    picked = Platform._preferred_block_size_for_backends([BwxMLABackend], 16, VllmConfig())
+    assert picked == 64
+    assert all(BwxMLABackend.supports_block_size(size) for size in (16, 32, 64, 128))
+
+
 def test_cpu_mla_member_resolves_to_bwx_mla_under_the_cpu_override(monkeypatch):
     """The CPU engine's route: vLLM's CPU platform always answers its CPU_MLA member for MLA
     models; with the member pointed at our class (what register() does under

@@ -177,11 +177,14 @@ DEEPSEEK_V2_LITE = {
 }
 
 
-def write_deepseek_v2_lite_shaped(path: Path, *, layers: int = 2, seed: int = 2) -> Path:
-    """DeepSeek-V2 with V2-Lite's MLA shapes; every layer dense (first_k_dense_replace)."""
+def write_deepseek_v2_lite_shaped(
+    path: Path, *, layers: int = 2, seed: int = 2, heads: int | None = None
+) -> Path:
+    """DeepSeek-V2 with V2-Lite's MLA shapes; every layer dense (first_k_dense_replace).
+    `heads` replaces V2-Lite's 16 (128: DeepSeek-V3 / Kimi K2 at TP1)."""
     if (path / MARKER).exists():
         return path
-    s = DEEPSEEK_V2_LITE
+    s = {**DEEPSEEK_V2_LITE, **({"heads": heads} if heads else {})}
     w = _Weights(seed)
     _embeddings_and_head(w, s["hidden"])
     qk_head = s["nope"] + s["rope"]
@@ -197,15 +200,15 @@ def write_deepseek_v2_lite_shaped(path: Path, *, layers: int = 2, seed: int = 2)
         )
         w.linear(p + "self_attn.o_proj.weight", s["hidden"], s["heads"] * s["v"])
         _mlp_and_norms(w, p, s["hidden"], s["inter"])
-    return w.save(path, deepseek_v2_lite_shaped_config(layers))
+    return w.save(path, deepseek_v2_lite_shaped_config(layers, heads=s["heads"]))
 
 
 def deepseek_v2_lite_shaped_config(
-    layers: int, *, vocab: int = VOCAB, max_positions: int = 8192
+    layers: int, *, vocab: int = VOCAB, max_positions: int = 8192, heads: int | None = None
 ) -> dict:
     """config.json of a DeepSeek-V2 with V2-Lite's MLA shapes and dense MLPs in every layer
-    (the routed-expert fields are V2-Lite's but no layer uses them)."""
-    s = DEEPSEEK_V2_LITE
+    (the routed-expert fields are V2-Lite's but no layer uses them); `heads` as above."""
+    s = {**DEEPSEEK_V2_LITE, **({"heads": heads} if heads else {})}
     return {
         **_common(s["hidden"], layers, max_positions, vocab),
         "architectures": ["DeepseekV2ForCausalLM"],

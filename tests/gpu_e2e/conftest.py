@@ -99,13 +99,19 @@ def _models(root: Path) -> dict[str, Path]:
         "qwen3": checkpoints.write_qwen3_8b_shaped(root / "qwen3-8b-shaped"),
         "sliding": checkpoints.write_sliding_window_llama(root / "sliding-window"),
         "mla": checkpoints.write_deepseek_v2_lite_shaped(root / "deepseek-v2-lite-shaped"),
+        "mla128": checkpoints.write_deepseek_v2_lite_shaped(root / "deepseek-128-heads", heads=128),
         "draft": checkpoints.write_dflash_draft(root / "dflash-draft"),
     }
 
 
 def _jobs(models: dict[str, Path]) -> dict[str, dict[str, Any]]:
     """Every engine the suite compares, by name: (model, backend, KV dtype, speculation)."""
-    qwen3, sliding, mla = models["qwen3"], models["sliding"], models["mla"]
+    qwen3, sliding, mla, mla128 = (
+        models["qwen3"],
+        models["sliding"],
+        models["mla"],
+        models["mla128"],
+    )
     dflash = {
         "method": "dflash",
         "model": str(models["draft"]),
@@ -131,6 +137,10 @@ def _jobs(models: dict[str, Path]) -> dict[str, dict[str, Any]]:
         "mla-bwx_mla": job_spec(mla, attention_backend="BWX_MLA"),
         "mla-triton_mla-fp8": job_spec(mla, attention_backend="TRITON_MLA", kv_cache_dtype="fp8"),
         "mla-bwx_mla-fp8": job_spec(mla, attention_backend="BWX_MLA", kv_cache_dtype="fp8"),
+        # 128 heads (DeepSeek-V3 at TP1): BWX_MLA's 64-row decode tiles, TMA-read on Hopper.
+        "mla128-default": job_spec(mla128),
+        "mla128-triton_mla": job_spec(mla128, attention_backend="TRITON_MLA"),
+        "mla128-bwx_mla": job_spec(mla128, attention_backend="BWX_MLA"),
         "dflash-bwx_attn": job_spec(qwen3, attention_backend="BWX_ATTN", speculative_config=dflash),
         "dflash-bwx_attn-fp8": job_spec(
             qwen3, attention_backend="BWX_ATTN", kv_cache_dtype="fp8", speculative_config=dflash

@@ -11,7 +11,8 @@ vLLM's own backends on the same model (`conftest.assert_matches_within_noise`):
   on the H200 two fp8 runs sat as far apart (mean 0.80 nats) as fp8 from bf16 (0.77-0.98);
 - BWX_MLA against vLLM's default MLA backend on this GPU, noise default vs TRITON_MLA, with
   chunked prefill of long prompts, so the context gather runs through our op; fp8 against
-  TRITON_MLA fp8;
+  TRITON_MLA fp8; and with 128 heads (DeepSeek-V3 at TP1), whose 64-row decode tiles Hopper
+  reads through TMA;
 - DFlash with our draft (target and draft on BWX_ATTN): the speculative engine's greedy output
   equals the target-only engine's (lossless), bf16 and fp8 KV; on vLLM 0.34+ also through
   our `bwx_dflash` speculative method.
@@ -61,6 +62,7 @@ def _noise(engines, a: str, b: str) -> tuple[float, float]:
         ("sliding-bwx_attn", "BWX_ATTN"),
         ("mla-bwx_mla", "BWX_MLA"),
         ("mla-bwx_mla-fp8", "BWX_MLA"),
+        ("mla128-bwx_mla", "BWX_MLA"),
     ],
 )
 def test_our_backend_serves_every_layer_with_cuda_graphs(engines, job, backend):
@@ -96,6 +98,7 @@ def _our_triton_kernels() -> set[str]:
         "sliding-bwx_attn",
         "mla-bwx_mla",
         "mla-bwx_mla-fp8",
+        "mla128-bwx_mla",
         "dflash-bwx_attn",
     ],
 )
@@ -158,6 +161,19 @@ def test_bwx_mla_matches_vllm_default_mla_with_chunked_context(engines):
     assert served_by(default) - {"BWX_MLA"}, "the reference must be one of vLLM's backends"
     noise = _noise(engines, "mla-default", "mla-triton_mla")
     assert_matches_within_noise(result_of(engines, "mla-bwx_mla"), default, noise)
+
+
+def test_bwx_mla_with_128_heads_matches_vllm_default_and_takes_tma_on_hopper(engines):
+    import torch
+
+    default = result_of(engines, "mla128-default")
+    assert served_by(default) - {"BWX_MLA"}, "the reference must be one of vLLM's backends"
+    noise = _noise(engines, "mla128-default", "mla128-triton_mla")
+    ours = result_of(engines, "mla128-bwx_mla")
+    assert_matches_within_noise(ours, default, noise)
+    # 64-token pages (BWX_MLA's preferred size), contiguous: Hopper's 64-row tiles use TMA.
+    tma_line = "BWX_MLA: decode reads the cache's 64-key tiles through TMA (128 rows)"
+    assert (tma_line in ours["log"]) == (torch.cuda.get_device_capability() == (9, 0))
 
 
 def test_bwx_mla_fp8_cache_matches_triton_mla_fp8(engines):

@@ -15,6 +15,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from vllm_blackwell_ext.kernels.launch_cache import CachedLauncher
 
@@ -91,6 +92,44 @@ def test_handles_are_reused_only_for_the_same_specialisation() -> None:
     assert len(capped) == 1 and capped[0].metadata.maxnreg == 24
     uncapped = [h for k, h in launcher._handles.items() if k[0] == (4, 3, 0)]
     assert len(uncapped) == 4 and all(h.metadata.maxnreg is None for h in uncapped)
+
+
+@triton.jit
+def _tile_copy_kernel(src_desc, out_ptr, stride, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    row0 = tl.program_id(0) * BLOCK_R
+    rows = row0 + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_C)
+    tl.store(out_ptr + rows[:, None] * stride + cols[None, :], src_desc.load([row0, 0]))
+
+
+def test_tensor_descriptor_launches_reencode_each_call_and_key_on_block_and_dtype(
+    device: str,
+) -> None:
+    """A TMA descriptor argument: each launch reads the descriptor's current tensor (the
+    launcher encodes it per call), and its block shape and element type pick the binary."""
+    if ON_GPU and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("TMA descriptors need sm90+")
+    launcher = CachedLauncher(_tile_copy_kernel)
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def run(src: torch.Tensor, block_r: int) -> int:
+        out = torch.full_like(src, float("nan"))
+        desc = TensorDescriptor(src, list(src.shape), [src.shape[1], 1], [block_r, src.shape[1]])
+        launcher.launch(
+            (src.shape[0] // block_r, 1, 1), (desc, out, out.stride(0), block_r, src.shape[1]),
+            num_warps=4, num_stages=2,
+        )  # fmt: skip
+        torch.testing.assert_close(out, src, rtol=0, atol=0)
+        return len(launcher._handles)
+
+    def fresh(dtype: torch.dtype) -> torch.Tensor:
+        return torch.randn(128, 64, device=device, generator=gen).to(dtype)
+
+    counts = [run(fresh(torch.float16), 32), run(fresh(torch.float16), 32)]
+    counts += [run(fresh(torch.float16), 16), run(fresh(torch.bfloat16), 16)]
+    if ON_GPU:
+        # New data through the same handle; a new block shape, then a new dtype, each compile.
+        assert counts == [1, 1, 2, 3]
 
 
 def test_register_cap_launches_under_the_interpreter_too(device: str) -> None:
@@ -210,6 +249,7 @@ def test_launch_args_carry_addresses_where_the_tensors_were() -> None:
         ((torch.float32, -1), (torch.float16, -1)),
         (ptrs[0] % 16 == 0, ptrs[1] % 16 == 0),
         (False,),  # 2**40 does not fit in int32
+        (),  # no tensor descriptors
     )  # fmt: skip
     assert key[3][1] is False  # a view one fp16 element in is off 16-byte alignment
 

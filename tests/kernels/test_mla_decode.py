@@ -42,7 +42,10 @@ from vllm_blackwell_ext.kernels.mla_decode_configs import (
     FEW_PROGRAMS,
     MLA_DECODE_CONFIGS,
     MLA_DECODE_FEW_PROGRAM_CONFIGS,
+    MLA_DECODE_TMA_CONFIGS,
+    PREFERRED_BLOCK_SIZE,
     ROW_TILES,
+    MlaDecodeConfig,
     get_mla_decode_config,
 )
 from vllm_blackwell_ext.reference.mla_decode import mla_decode_reference
@@ -113,6 +116,8 @@ def _run(
     num_splits: int | None,
     causal: bool = True,
     workspace: MlaDecodeWorkspace | None = None,
+    config: MlaDecodeConfig | None = None,
+    compiled: list | None = None,
 ) -> tuple[torch.Tensor, ...]:
     q = case["q"]
     out = torch.empty(q.shape[0], q.shape[1], case["kv_lora_rank"], dtype=q.dtype, device=q.device)
@@ -131,6 +136,8 @@ def _run(
         num_splits=num_splits,
         causal=causal,
         workspace=workspace,
+        config=config,
+        compiled=compiled,
     )
     ref_out, ref_lse = mla_decode_reference(
         q.cpu(),
@@ -200,6 +207,89 @@ def test_matches_reference_on_random_small_cases(
         seed=seed,
     )
     _assert_close(*_run(case, num_splits))
+
+
+def _fill_page_tails(case: dict, value: float) -> None:
+    """Write `value` into every slot past a request's keys in its pages (as a reused page
+    holds an earlier request's K/V): only kernels that mask them stay right."""
+    cache, block_size = case["kv_cache"], case["kv_cache"].shape[1]
+    for b, seq_len in enumerate(case["seq_lens"].tolist()):
+        for j, page in enumerate(case["block_table"][b].tolist()):
+            first = min(max(seq_len - j * block_size, 0), block_size)
+            cache[page, first:] = value
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    kv_lora_rank=st.sampled_from([256, 512]),
+    num_heads=st.sampled_from([4, 16, 20]),
+    seq_lens=st.lists(st.integers(0, 100), min_size=1, max_size=3),
+    query_len=st.integers(1, 3),
+    block_n=st.sampled_from([16, 32]),
+    pages_per_tile=st.sampled_from([1, 2]),
+    num_splits=st.sampled_from([None, 1, 3]),
+    seed=st.integers(0, 2**16),
+)
+@example(
+    kv_lora_rank=512, num_heads=20, seq_lens=[100, 0, 37], query_len=3, block_n=32,
+    pages_per_tile=2, num_splits=3, seed=1,
+)  # fmt: skip
+def test_tma_tiles_match_reference_with_stale_page_tails(
+    device, kv_lora_rank, num_heads, seq_lens, query_len, block_n, pages_per_tile, num_splits,
+    seed,
+):  # fmt: skip
+    """The TMA path reads whole page-aligned tiles, past-the-end slots included: with those
+    slots holding large stale values, outputs still match the reference."""
+    case = _make_case(
+        device=device,
+        kv_lora_rank=kv_lora_rank,
+        num_heads=num_heads,
+        seq_lens=seq_lens,
+        query_len=query_len,
+        block_size=block_n * pages_per_tile,
+        fp8=False,
+        seed=seed,
+    )
+    _fill_page_tails(case, 1e4)
+    cfg = MlaDecodeConfig(16, block_n, 4, 2, 1, 128, tma=True)
+    _assert_close(*_run(case, num_splits, config=cfg))
+
+
+def test_tma_config_is_refused_for_a_cache_it_cannot_read(device):
+    case = _make_case(
+        device=device, kv_lora_rank=256, num_heads=4, seq_lens=[40], query_len=1,
+        block_size=16, fp8=False, seed=6,
+    )  # fmt: skip
+    too_wide = MlaDecodeConfig(16, 32, 4, 2, 1, 128, tma=True)  # 32-key tiles, 16-slot pages
+    with pytest.raises(ValueError, match="config: expected tma=False"):
+        _run(case, None, config=too_wide)
+    case = _make_case(
+        device=device, kv_lora_rank=256, num_heads=4, seq_lens=[40], query_len=1,
+        block_size=16, fp8=False, seed=6, strided_cache=True,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="config: expected tma=False"):
+        _run(case, None, config=MlaDecodeConfig(16, 16, 4, 2, 1, 128, tma=True))
+
+
+def test_tma_entries_apply_only_to_caches_they_can_read():
+    """A class's TMA entry replaces its entry for caches TMA can read, and keeps that entry's
+    row tile, programs per SM and split floor (split plans are made without the cache)."""
+    for cls, by_tag in MLA_DECODE_TMA_CONFIGS.items():
+        for tag, by_tile in by_tag.items():
+            for tile, tma in by_tile.items():
+                main = MLA_DECODE_CONFIGS[cls][tag][tile]
+                assert tma.tma and not main.tma
+                shared = ("block_m", "ctas_per_sm", "min_split_keys")
+                assert [getattr(tma, f) for f in shared] == [getattr(main, f) for f in shared]
+                rows, batch = tile, 64
+                assert get_mla_decode_config(cls, tag, rows, batch) == main
+                assert get_mla_decode_config(cls, tag, rows, batch, tma_page_size=64) == tma
+                assert PREFERRED_BLOCK_SIZE % tma.block_n == 0  # BWX_MLA's pages take it
+                page = tma.block_n // 2  # a tile would span two pages
+                assert get_mla_decode_config(cls, tag, rows, batch, tma_page_size=page) == main
+    # Every main-table entry gathers, so it serves any cache.
+    for by_tag in MLA_DECODE_CONFIGS.values():
+        assert not any(c.tma for by_tile in by_tag.values() for c in by_tile.values())
 
 
 def test_empty_sequence_gives_zero_output_and_minus_inf_lse(device):
@@ -480,6 +570,8 @@ def test_table_entries_compile_clean_for_their_class(device_class):
         (16, [4097, 1, 777, 0], 1, 64, None),
         (16, [20000], 1, 64, None),  # planner picks many splits
         (128, [3000, 1500], 1, 16, None),  # two 64-row tiles per request
+        (128, [3000, 1500, 65], 1, 64, None),  # 64-row tiles, TMA-read on Hopper
+        (16, [5000, 3, 130], 4, 64, 7),  # MTP rows, 64-row tiles, TMA-read on Hopper
         (16, [5000, 3], 4, 32, 7),  # MTP rows, causal
         (8, [2049, 100], 8, 1, 3),  # page size 1
         (32, [1000], 2, 64, 1),  # single split: fused epilogue
@@ -503,21 +595,45 @@ def test_real_sizes_match_reference(
 
 @gpu_only
 @pytest.mark.gpu
-def test_cuda_graph_replay_with_workspace_matches_eager():
+def test_hopper_reads_64_row_tiles_of_a_paged_bf16_cache_through_tma():
+    """On sm90 a 128-head bf16 decode over 64-token pages takes the TMA entry (bulk tensor
+    copies in its PTX) and stays right with stale values past the keys; 16-token pages
+    gather."""
+    from vllm_blackwell_ext.kernels.device import device_info
+
+    if device_info("cuda").device_class != "sm90":
+        pytest.skip("the TMA entry is Hopper's; this GPU gathers every tile")
+    for block_size, takes_tma in ((64, True), (16, False)):
+        case = _make_case(
+            device="cuda", kv_lora_rank=512, num_heads=128, seq_lens=[2000, 77, 1],
+            query_len=1, block_size=block_size, fp8=False, seed=8,
+        )  # fmt: skip
+        _fill_page_tails(case, 1e4)
+        compiled: list = []
+        _assert_close(*_run(case, 2, compiled=compiled))
+        assert ("cp.async.bulk.tensor" in compiled[0].asm["ptx"]) == takes_tma, block_size
+
+
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "fp8, num_heads", [(True, 16), (False, 128)], ids=["fp8-16-heads", "bf16-128-heads-tma"]
+)
+def test_cuda_graph_replay_with_workspace_matches_eager(fp8, num_heads):
     case = _make_case(
         device="cuda",
         kv_lora_rank=512,
-        num_heads=16,
+        num_heads=num_heads,
         seq_lens=[3000, 200],
         query_len=1,
         block_size=64,
-        fp8=True,
+        fp8=fp8,
         seed=7,
     )
     q = case["q"]
-    ws = MlaDecodeWorkspace.allocate(q.shape[0], 16, 8, 512, device="cuda")
-    out = torch.empty(q.shape[0], 16, 512, dtype=q.dtype, device="cuda")
-    lse = torch.empty(q.shape[0], 16, dtype=torch.float32, device="cuda")
+    ws = MlaDecodeWorkspace.allocate(q.shape[0], num_heads, 8, 512, device="cuda")
+    out = torch.empty(q.shape[0], num_heads, 512, dtype=q.dtype, device="cuda")
+    lse = torch.empty(q.shape[0], num_heads, dtype=torch.float32, device="cuda")
 
     def step():
         mla_decode(
@@ -557,6 +673,6 @@ def test_cuda_graph_replay_with_workspace_matches_eager():
     ref_out, ref_lse = mla_decode_reference(
         q.cpu(), case["kv_cache"].cpu(), case["block_table"].cpu(), case["seq_lens"].cpu(),
         softmax_scale=case["softmax_scale"], kv_lora_rank=512, query_len=1,
-        k_scale=case["k_scale"].cpu(),
+        k_scale=case["k_scale"].cpu() if fp8 else None,
     )  # fmt: skip
     _assert_close(replayed.float().cpu(), replayed_lse.cpu(), ref_out, ref_lse)

@@ -69,7 +69,9 @@ from vllm_blackwell_ext.kernels.mla_decode import (
     MlaDecodeWorkspace,
     mla_decode,
     plan_mla_decode,
+    reads_by_tma,
 )
+from vllm_blackwell_ext.kernels.mla_decode_configs import PREFERRED_BLOCK_SIZE
 from vllm_blackwell_ext.kv_cache_dtypes import FP8_KV_CACHE_DTYPES
 from vllm_blackwell_ext.vllm_compat import mla_kv_update_takes_skip_scale
 
@@ -310,6 +312,11 @@ class BwxMLABackend(MLACommonBackend):
         return [MultipleOf(16)]
 
     @classmethod
+    def get_preferred_block_size(cls, default_block_size: int) -> int:
+        # Where the user did not pass --block-size (vLLM asks only then).
+        return PREFERRED_BLOCK_SIZE
+
+    @classmethod
     def supports_compute_capability(cls, capability: DeviceCapability) -> bool:
         return capability >= MIN_CAPABILITY
 
@@ -405,6 +412,8 @@ class BwxMLAImpl(MLACommonImpl[BwxMLAMetadata]):
         # The kernel takes bf16 queries and dequantises fp8 keys in registers: the layer must
         # not quantise the decode query.
         self.supports_quant_query_input = False
+        # Whether the first decode's tile reads (TMA or gathered) were logged.
+        self._decode_reads_logged = False
 
     # ------------------------------------------------------------------ decode
     def forward_mqa(
@@ -448,6 +457,13 @@ class BwxMLAImpl(MLACommonImpl[BwxMLAMetadata]):
             workspace=scratch.workspace,
             num_splits=decode.num_splits,
         )
+        if not self._decode_reads_logged:
+            self._decode_reads_logged = True
+            rows = heads * decode.query_len
+            if reads_by_tma(kv_c_and_k_pe_cache, rows, decode.seq_lens.shape[0]):
+                logger.info_once(
+                    "BWX_MLA: decode reads the cache's 64-key tiles through TMA (%d rows)", rows
+                )
         return out, lse
 
     # ------------------------------------------------------------------ cache write

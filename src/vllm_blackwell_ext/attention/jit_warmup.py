@@ -273,7 +273,11 @@ def mla_decode_warmup_keys(
     for query_len in range(1, max_query_len + 1):
         for batch in (1, FEW_PROGRAMS + 1):
             rows = query_len * kind.num_heads
-            cfg = get_mla_decode_config(info.device_class, kv_tag, rows, batch)
+            # The scratch cache of `launch_mla_decode_warmup` is contiguous, as vLLM's is: TMA
+            # entries apply to both alike.
+            cfg = get_mla_decode_config(
+                info.device_class, kv_tag, rows, batch, tma_page_size=kind.block_size
+            )
             if cfg not in configs:
                 configs.add(cfg)
                 keys += [MlaDecodeKey(kind, query_len, n, batch) for n in (1, 2, WIDE_MERGE_SPLITS)]

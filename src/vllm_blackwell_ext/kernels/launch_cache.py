@@ -8,19 +8,21 @@ kernels' 30-50 arguments that is most of an eager launch's host time (H200 host,
 prefill/decode batches on every attention layer.
 
 `CachedLauncher` keys each compiled handle by a superset of what Triton specialises on (each
-tensor's device, dtype and 16-byte alignment, the value of every constexpr and specialised
-int, the int width of the others, the launch options), so a cached handle is reused only
-where Triton would have picked the same binary; any other call goes through Triton once and
-its handle joins the cache. A cached launch calls the handle's C launcher itself with each
-tensor's address as an int (which the key has already read) and the current stream of the
-tensors' device: Triton's handle would otherwise call `data_ptr()` and ask the driver about
-every pointer again (`cuPointerGetAttribute`), look the device and stream up in Python and
-build launch metadata for hooks that, unless a profiler registered one, do nothing (H200
-host, one decode launch: 18.2 us with tensors through `handle[grid]`, 13.0 with addresses,
-8.5 with addresses straight into the C launcher). While a launch hook is registered (Triton's
-profilers), launches go through `handle[grid]` so the hooks see them. Under the CPU
-interpreter (no compiled handles) and on Triton older than 3.4 (whose launchers take
-arguments differently) every call goes through Triton.
+tensor's device, dtype and 16-byte alignment, each TMA tensor descriptor's element type and
+block shape, the value of every constexpr and specialised int, the int width of the others,
+the launch options), so a cached handle is reused only where Triton would have picked the
+same binary; any other call goes through Triton once and its handle joins the cache. A
+cached launch calls the handle's C launcher itself with each tensor's address as an int
+(which the key has already read; descriptors go as they are, and the launcher encodes each)
+and the current stream of the tensors' device: Triton's handle would otherwise call
+`data_ptr()` and ask the driver about every pointer again (`cuPointerGetAttribute`), look
+the device and stream up in Python and build launch metadata for hooks that, unless a
+profiler registered one, do nothing (H200 host, one decode launch: 18.2 us with tensors
+through `handle[grid]`, 13.0 with addresses, 8.5 with addresses straight into the C
+launcher). While a launch hook is registered (Triton's profilers), launches go through
+`handle[grid]` so the hooks see them. Under the CPU interpreter (no compiled handles) and on
+Triton older than 3.4 (whose launchers take arguments differently) every call goes through
+Triton.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 # Handles take every argument, constexprs included, in signature order from Triton 3.3 on;
 # launch hooks live in `triton.knobs` from 3.4 on.
@@ -86,6 +89,7 @@ class CachedLauncher:
         self._current_stream: Callable[[int], int] | None = None
         self._values: Callable[[tuple], tuple] = _getter(())  # constexprs, specialised ints
         self._widths: Callable[[tuple], tuple] = _getter(())  # other ints: only their width
+        self._descriptors: Callable[[tuple], tuple] = _getter(())  # TMA tensor descriptors
         self._classified = False
 
     def _classify(self, args: tuple) -> None:
@@ -95,11 +99,13 @@ class CachedLauncher:
                 f"{self.kernel.fn.__name__}: args must hold all {len(params)} parameters in "
                 f"signature order, got {len(args)}"
             )
-        tensors, values, widths = [], [], []
+        tensors, values, widths, descriptors = [], [], [], []
         for i, (p, a) in enumerate(zip(params, args, strict=True)):
             if isinstance(a, torch.Tensor):
                 tensors.append(i)
-            elif p.is_constexpr or (isinstance(a, int) and not p.do_not_specialize):
+            elif isinstance(a, TensorDescriptor):
+                descriptors.append(i)
+            elif p.is_constexpr or a is None or (isinstance(a, int) and not p.do_not_specialize):
                 values.append(i)
             elif isinstance(a, int):
                 widths.append(i)
@@ -111,6 +117,7 @@ class CachedLauncher:
             _getter(values),
             _getter(widths),
         )
+        self._descriptors = _getter(descriptors)
         self._classified = True
 
     def _key(self, tensors: tuple, ptrs: list[int], args: tuple, options: tuple):
@@ -120,6 +127,8 @@ class CachedLauncher:
             tuple([(t.dtype, t.get_device()) for t in tensors]),
             tuple([p & 15 == 0 for p in ptrs]),
             tuple([_INT32_MIN <= v <= _INT32_MAX for v in self._widths(args)]),
+            # What Triton types a descriptor by: its element type and block shape.
+            tuple([(d.base.dtype, *d.block_shape, d.padding) for d in self._descriptors(args)]),
         )
 
     def _with_addresses(self, args: tuple, ptrs: list[int]) -> tuple:

@@ -20,6 +20,9 @@ each KV tile, and the kernel is built around that:
   the query is multiplied by softmax scale x log2(e) x the per-tensor scale before it is
   rounded to fp16, and the per-tensor scale also multiplies the final output, not every
   element;
+- on Hopper a 16-bit cache stored contiguously with pages a multiple of 64 tokens (vLLM's
+  layout; BWX_MLA asks for 64-token pages) takes 64-key tiles read by TMA copies for 64-row
+  tiles (`MLA_DECODE_TMA_CONFIGS`); other caches are gathered per thread with `cp.async`;
 - query_len up to 8 rows per request (MTP / speculative verification), causal within the rows;
 - capture-safe: with a preallocated `MlaDecodeWorkspace` and a given `num_splits`, `mla_decode`
   neither allocates nor synchronises with the host.
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from vllm_blackwell_ext.kernels.checks import check_index, fail
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
@@ -158,6 +162,8 @@ def _mla_decode_split_kernel(
     L_PART,  # fp32 [T, H, S]: per-split log2-sum-exp (multi-split only)
     OUT,  # [T, H, R] (single split only)
     LSE,  # fp32 [T, H] (single split with HAS_LSE only)
+    KL_DESC,  # TMA only: the cache as [pages * PAGE_SIZE, R + P], [BLOCK_N, R // 4] blocks
+    KR_DESC,  # TMA only: the same, [BLOCK_N, P] blocks (the rope columns)
     stride_qt,
     stride_qh,
     stride_kv_page,
@@ -186,6 +192,7 @@ def _mla_decode_split_kernel(
     SINGLE_SPLIT: tl.constexpr,
     HAS_LSE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # q's dtype on GPUs; fp32 under the interpreter (see launcher)
+    TMA: tl.constexpr,  # key tiles through KL_DESC / KR_DESC (tiles within a page)
 ):
     """Split kernel of a 16-bit (bf16 / fp16) cache."""
     # The latent width is handled as four column chunks (q0..q3, k0..k3, acc0..acc3) rather
@@ -230,15 +237,26 @@ def _mla_decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
-        page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
-        kv_row = page * stride_kv_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_kv_tok
-        kp = KV + kv_row[:, None]
-        km = n_ok[:, None]
-        k0 = tl.load(kp + offs_c[None, :], mask=km, other=0.0).to(DOT_DTYPE)
-        k1 = tl.load(kp + DC + offs_c[None, :], mask=km, other=0.0).to(DOT_DTYPE)
-        k2 = tl.load(kp + 2 * DC + offs_c[None, :], mask=km, other=0.0).to(DOT_DTYPE)
-        k3 = tl.load(kp + 3 * DC + offs_c[None, :], mask=km, other=0.0).to(DOT_DTYPE)
-        kr = tl.load(kp + R + offs_p[None, :], mask=km, other=0.0).to(DOT_DTYPE)
+        if TMA:
+            # The tile is BLOCK_N consecutive slots of one page: five copies, no addresses.
+            # Slots past the keys are read too; their P is 0, so they must hold finite values
+            # (vLLM zeroes the cache at allocation and writes only finite K/V).
+            row = tl.load(bt_row + n0 // PAGE_SIZE) * PAGE_SIZE + n0 % PAGE_SIZE
+            k0 = KL_DESC.load([row, 0]).to(DOT_DTYPE)
+            k1 = KL_DESC.load([row, DC]).to(DOT_DTYPE)
+            k2 = KL_DESC.load([row, 2 * DC]).to(DOT_DTYPE)
+            k3 = KL_DESC.load([row, 3 * DC]).to(DOT_DTYPE)
+            kr = KR_DESC.load([row, R]).to(DOT_DTYPE)
+        else:
+            page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+            kv_row = page * stride_kv_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_kv_tok
+            kp = KV + kv_row[:, None]
+            km = n_ok[:, None]
+            k0 = tl.load(kp + offs_c[None, :], mask=km, other=0.0).to(DOT_DTYPE)
+            k1 = tl.load(kp + DC + offs_c[None, :], mask=km, other=0.0).to(DOT_DTYPE)
+            k2 = tl.load(kp + 2 * DC + offs_c[None, :], mask=km, other=0.0).to(DOT_DTYPE)
+            k3 = tl.load(kp + 3 * DC + offs_c[None, :], mask=km, other=0.0).to(DOT_DTYPE)
+            kr = tl.load(kp + R + offs_p[None, :], mask=km, other=0.0).to(DOT_DTYPE)
 
         s = tl.dot(q0, tl.trans(k0))
         s = tl.dot(q1, tl.trans(k1), s)
@@ -529,6 +547,46 @@ def _kv_tag(dtype: torch.dtype) -> str:
     return "fp8" if dtype == torch.float8_e4m3fn else "bf16"
 
 
+# TMA (tensor-memory-access copies) exists from Hopper on; the interpreter runs it on the CPU.
+MIN_TMA_CAPABILITY: tuple[int, int] = (9, 0)
+
+
+def _tma_page_size(kv_cache: torch.Tensor, info: DeviceInfo) -> int | None:
+    """The cache's page size where TMA can read its tiles, else None: a 16-bit cache on a GPU
+    with TMA (or the interpreter), contiguous [pages, page, width] at a 16-byte address (a
+    tile is then one block of a 2-D [pages * page, width] view)."""
+    if kv_cache.element_size() != 2 or not kv_cache.is_contiguous() or kv_cache.data_ptr() % 16:
+        return None
+    if info.device_class != "cpu" and info.capability < MIN_TMA_CAPABILITY:
+        return None
+    return kv_cache.shape[1]
+
+
+def reads_by_tma(kv_cache: torch.Tensor, rows: int, batch: int) -> bool:
+    """Whether `mla_decode` with the table's config reads this cache's tiles through TMA, for
+    `rows` query rows per request (heads x query tokens) and `batch` requests."""
+    info = device_info(kv_cache.device)
+    cfg = get_mla_decode_config(
+        info.device_class,
+        _kv_tag(kv_cache.dtype),
+        rows,
+        batch,
+        tma_page_size=_tma_page_size(kv_cache, info),
+    )
+    return cfg.tma
+
+
+def _tma_descriptors(kv_cache: torch.Tensor, block_n: int, kv_lora_rank: int) -> tuple:
+    """The two descriptors a TMA launch reads its key tiles through: the latent columns in
+    quarters and the rope columns, over the cache as [pages * page, width]."""
+    pages, page, width = kv_cache.shape
+    shape, strides = [pages * page, width], [width, 1]
+    return (
+        TensorDescriptor(kv_cache, shape, strides, [block_n, kv_lora_rank // 4]),
+        TensorDescriptor(kv_cache, shape, strides, [block_n, width - kv_lora_rank]),
+    )
+
+
 _SPLIT_LAUNCHER = CachedLauncher(_mla_decode_split_kernel)
 _SPLIT_FP8_LAUNCHER = CachedLauncher(_mla_decode_split_fp8_kernel)
 _MERGE_LAUNCHER = CachedLauncher(_mla_decode_merge_kernel)
@@ -763,20 +821,30 @@ def mla_decode(
     if num_tokens == 0:
         return out
     info = device_info(q.device)
+    tma_page_size = _tma_page_size(kv_cache, info)
     if num_splits is None:
         if max_seq_len is None:
             # Host sync: callers on the hot path pass num_splits (or max_seq_len) instead.
             max_seq_len = int(seq_lens.max().item()) if batch else 0
-        num_splits, cfg = plan_mla_decode(
+        # The planner's config shares the row tile and split plan with the TMA entry, if any.
+        num_splits, _ = plan_mla_decode(
             batch, num_heads, max_seq_len, query_len, info, kv_dtype=kv_cache.dtype, config=config
         )
-    else:
-        if num_splits < 1:
-            fail(ValueError, "num_splits", ">= 1", num_splits)
-        cfg = config or get_mla_decode_config(
-            info.device_class, _kv_tag(kv_cache.dtype), query_len * num_heads, batch
-        )
+    elif num_splits < 1:
+        fail(ValueError, "num_splits", ">= 1", num_splits)
     rows = query_len * num_heads
+    cfg = config or get_mla_decode_config(
+        info.device_class, _kv_tag(kv_cache.dtype), rows, batch, tma_page_size=tma_page_size
+    )
+    if cfg.tma and (tma_page_size is None or tma_page_size % cfg.block_n):
+        fail(
+            ValueError,
+            "config",
+            f"tma=False for this cache (TMA needs a contiguous 16-bit cache at a 16-byte "
+            f"address whose page size is a multiple of block_n = {cfg.block_n}, on sm90+)",
+            f"tma=True with a {kv_cache.dtype} cache of shape {tuple(kv_cache.shape)}, strides "
+            f"{kv_cache.stride()} on {info.device_class}",
+        )
     row_groups = cdiv(rows, cfg.block_m)
     single = num_splits == 1
 
@@ -813,21 +881,21 @@ def mla_decode(
     has_scale = k_scale is not None
     scale_arg = k_scale if has_scale else out
     grid = (row_groups * num_splits * batch, 1, 1)
-    fp8 = kv_cache.dtype == torch.float8_e4m3fn
-    handle = (_SPLIT_FP8_LAUNCHER if fp8 else _SPLIT_LAUNCHER).launch(
-        grid,
-        (
-            q, kv_cache, block_table, seq_lens, scale_arg, o_part, l_part, out, lse_arg,
-            *q.stride()[:2], *kv_cache.stride()[:2], block_table.stride(0),
-            *part_strides, *out.stride()[:2], lse_out.stride(0) if has_lse else 0,
-            float(softmax_scale) * _LOG2E, num_heads, query_len, num_splits, row_groups,
-            # constexprs, in signature order: R .. DOT_DTYPE
-            kv_lora_rank, rope_dim, kv_cache.shape[1], cfg.block_m, cfg.block_n,
-            causal, has_scale, single, has_lse, _dot_dtype(q, kv_cache.dtype),
-        ),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+    tensors = (q, kv_cache, block_table, seq_lens, scale_arg, o_part, l_part, out, lse_arg)
+    scalars = (
+        *q.stride()[:2], *kv_cache.stride()[:2], block_table.stride(0),
+        *part_strides, *out.stride()[:2], lse_out.stride(0) if has_lse else 0,
+        float(softmax_scale) * _LOG2E, num_heads, query_len, num_splits, row_groups,
+        # constexprs, in signature order: R .. DOT_DTYPE
+        kv_lora_rank, rope_dim, kv_cache.shape[1], cfg.block_m, cfg.block_n,
+        causal, has_scale, single, has_lse, _dot_dtype(q, kv_cache.dtype),
     )  # fmt: skip
+    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if kv_cache.dtype == torch.float8_e4m3fn:
+        handle = _SPLIT_FP8_LAUNCHER.launch(grid, (*tensors, *scalars), **options)
+    else:
+        descs = _tma_descriptors(kv_cache, cfg.block_n, kv_lora_rank) if cfg.tma else (None, None)
+        handle = _SPLIT_LAUNCHER.launch(grid, (*tensors, *descs, *scalars, cfg.tma), **options)
     if compiled is not None:
         compiled.append(handle)
     if not single:
@@ -861,4 +929,5 @@ __all__ = [
     "mla_decode",
     "mla_decode_flops",
     "plan_mla_decode",
+    "reads_by_tma",
 ]

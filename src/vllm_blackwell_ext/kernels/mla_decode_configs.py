@@ -27,6 +27,10 @@ class MlaDecodeConfig:
     # one split should hold before splitting more stops paying for the merge.
     ctas_per_sm: int = 2
     min_split_keys: int = 128
+    # Read each key tile with tensor-memory-access copies (TMA, 16-bit caches on sm90+): five
+    # copies of a page-aligned [block_n, *] tile instead of a per-thread gather. Only for a
+    # contiguous cache whose page size is a multiple of block_n (`MLA_DECODE_TMA_CONFIGS`).
+    tma: bool = False
 
 
 C = MlaDecodeConfig
@@ -110,6 +114,24 @@ MLA_DECODE_FEW_PROGRAM_CONFIGS: dict[str, dict[str, dict[int, MlaDecodeConfig]]]
 # fmt: on
 MLA_DECODE_FEW_PROGRAM_CONFIGS["sm103"] = MLA_DECODE_FEW_PROGRAM_CONFIGS["sm100"]
 
+# The page size BWX_MLA asks vLLM for: a multiple of every TMA entry's key tile (FlashMLA's
+# page size too). Any multiple of 16 still works, through the gathered entries.
+PREFERRED_BLOCK_SIZE = 64
+
+# Entries that replace a class's entry when the cache allows TMA tiles (`tma=True` above). A
+# gathered 64-key tile of 64 rows spills; through TMA it does not (no per-thread addresses),
+# and the wider tile halves the tiles per key. H100, graph replays against the gathered
+# 32-key entry on the same split plan: 128 heads B=64 32k 271.4 vs 176.2 TFLOP/s (1.54x), B=8
+# 32k 1.43x, 64 heads 1.38x, 16 and 32 heads x 4 query tokens 1.36x / 1.53x; 235 registers,
+# 221,200 B of shared memory (`benchmarks/experiments/mla_decode_tma.py`,
+# `h100-mla-decode-tma.txt`). Each keeps its replaced entry's row tile, programs per SM and
+# split floor, so a split plan made without the cache at hand holds for both.
+# fmt: off
+MLA_DECODE_TMA_CONFIGS: dict[str, dict[str, dict[int, MlaDecodeConfig]]] = {
+    "sm90": {"bf16": {64: C(64, 64, 8, 2, 1, 128, tma=True)}},
+}
+# fmt: on
+
 
 def row_tile_bucket(rows: int) -> int:
     """The table's row tile for `rows` query rows per request (heads x tokens)."""
@@ -119,12 +141,19 @@ def row_tile_bucket(rows: int) -> int:
     return ROW_TILES[-1]
 
 
-def get_mla_decode_config(device_class: str, kv_tag: str, rows: int, batch: int) -> MlaDecodeConfig:
+def get_mla_decode_config(
+    device_class: str, kv_tag: str, rows: int, batch: int, *, tma_page_size: int | None = None
+) -> MlaDecodeConfig:
     """The configuration for a device class, KV dtype tag ('bf16' | 'fp8'), row count (query
-    rows per request) and number of requests."""
+    rows per request) and number of requests. `tma_page_size`: the page size of a cache that
+    TMA can read (contiguous, 16-byte aligned), which lets the class's TMA entry apply."""
     table = MLA_DECODE_CONFIGS.get(device_class, MLA_DECODE_CONFIGS["default"])
     tile = row_tile_bucket(rows)
     cfg = table.get(kv_tag, table["bf16"])[tile]
+    if tma_page_size is not None:
+        tma = MLA_DECODE_TMA_CONFIGS.get(device_class, {}).get(kv_tag, {}).get(tile)
+        if tma is not None and tma_page_size % tma.block_n == 0:
+            cfg = tma
     if batch * -(-rows // cfg.block_m) <= FEW_PROGRAMS:
         few = MLA_DECODE_FEW_PROGRAM_CONFIGS.get(device_class, {}).get(kv_tag, {})
         cfg = few.get(tile, cfg)
