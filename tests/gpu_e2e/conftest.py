@@ -197,6 +197,8 @@ SUMMARY_PAIRS = [
     ("mla-bwx_mla", "mla-default"),
     ("mla-bwx_mla", "mla-triton_mla"),
     ("mla-bwx_mla-fp8", "mla-triton_mla-fp8"),
+    ("mla128-default", "mla128-triton_mla"),
+    ("mla128-bwx_mla", "mla128-default"),
     ("dflash-bwx_attn", "qwen3-bwx_attn"),
     ("dflash-bwx_attn-fp8", "qwen3-bwx_attn-fp8"),
 ]

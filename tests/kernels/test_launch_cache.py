@@ -257,3 +257,18 @@ def test_launch_args_carry_addresses_where_the_tensors_were() -> None:
     leading._classify((a, b, 16))
     assert leading._tensors_lead
     assert leading._with_addresses((a, b, 16), ptrs) == (ptrs[0], ptrs[1], 16)
+
+
+def test_a_parameter_taking_a_descriptor_or_none_keys_on_which() -> None:
+    # A kernel with a gathered and a TMA path takes a descriptor on one and None on the other:
+    # a first call with None must not make the launcher treat that parameter as a constexpr.
+    a = torch.zeros(64, 32, dtype=torch.float16)
+    launcher = CachedLauncher(_StubKernel([_Param(), _Param(), _Param(True)]))
+    without = (a, None, False)
+    launcher._classify(without)
+    ptrs = [a.data_ptr()]
+    desc = TensorDescriptor(a, [64, 32], [32, 1], [16, 32])
+    keys = [launcher._key((a,), ptrs, args, (4, 3, 0)) for args in (without, (a, desc, True))]
+    assert keys[0][-1] == (None,) and keys[1][-1] == ((torch.float16, 16, 32, "zero"),)
+    wider = TensorDescriptor(a, [64, 32], [32, 1], [32, 32])
+    assert launcher._key((a,), ptrs, (a, wider, True), (4, 3, 0)) != keys[1]

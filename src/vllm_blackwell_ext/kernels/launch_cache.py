@@ -73,7 +73,8 @@ class CachedLauncher:
     """Launches one `@triton.jit` kernel, reusing compiled handles across calls.
 
     Each parameter must receive the same kind of value on every call (a tensor, an int, a
-    float); `args` holds every parameter in signature order, constexprs included.
+    float, a TMA tensor descriptor or None); `args` holds every parameter in signature order,
+    constexprs included.
     """
 
     def __init__(self, kernel: Any) -> None:
@@ -103,9 +104,9 @@ class CachedLauncher:
         for i, (p, a) in enumerate(zip(params, args, strict=True)):
             if isinstance(a, torch.Tensor):
                 tensors.append(i)
-            elif isinstance(a, TensorDescriptor):
-                descriptors.append(i)
-            elif p.is_constexpr or a is None or (isinstance(a, int) and not p.do_not_specialize):
+            elif isinstance(a, TensorDescriptor) or a is None:
+                descriptors.append(i)  # a descriptor where a kernel's path reads it, else None
+            elif p.is_constexpr or (isinstance(a, int) and not p.do_not_specialize):
                 values.append(i)
             elif isinstance(a, int):
                 widths.append(i)
@@ -128,7 +129,9 @@ class CachedLauncher:
             tuple([p & 15 == 0 for p in ptrs]),
             tuple([_INT32_MIN <= v <= _INT32_MAX for v in self._widths(args)]),
             # What Triton types a descriptor by: its element type and block shape.
-            tuple([(d.base.dtype, *d.block_shape, d.padding) for d in self._descriptors(args)]),
+            tuple(
+                [d and (d.base.dtype, *d.block_shape, d.padding) for d in self._descriptors(args)]
+            ),
         )
 
     def _with_addresses(self, args: tuple, ptrs: list[int]) -> tuple:
