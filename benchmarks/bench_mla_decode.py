@@ -51,6 +51,7 @@ from vllm_blackwell_ext.kernels.device import device_info
 from vllm_blackwell_ext.kernels.mla_decode import (
     MlaDecodeWorkspace,
     mla_decode,
+    mla_decode_config,
     mla_decode_flops,
     plan_mla_decode,
 )
@@ -142,10 +143,12 @@ def make_inputs(c: Case, caches: Caches) -> Inputs:
 def ours_fn(c: Case, x: Inputs, **kw):
     info = device_info(x.q.device)
     plan_ctx = c.plan_ctx or c.ctx
-    splits, cfg = plan_mla_decode(
+    splits, _ = plan_mla_decode(
         c.batch, c.heads, plan_ctx, c.q_len, info, kv_dtype=x.cache.dtype, config=kw.get("config")
     )
     splits = kw.get("num_splits") or splits
+    # What mla_decode takes for this cache (TMA entries included) unless a config is forced.
+    cfg = kw.get("config") or mla_decode_config(x.cache, c.heads * c.q_len, c.batch, info)
     ws = MlaDecodeWorkspace.allocate(x.q.shape[0], c.heads, splits, R, x.q.device)
     out = torch.empty(x.q.shape[0], c.heads, R, dtype=x.q.dtype, device=x.q.device)
     lse = torch.empty(x.q.shape[0], c.heads, dtype=torch.float32, device=x.q.device)
@@ -164,7 +167,7 @@ def ours_fn(c: Case, x: Inputs, **kw):
             lse_out=lse,
             workspace=ws,
             num_splits=splits,
-            config=cfg,
+            config=kw.get("config"),
             compiled=kw.get("compiled"),
         )
 

@@ -68,8 +68,8 @@ from vllm_blackwell_ext.kernels.mla_decode import (
     SUPPORTED_LATENT,
     MlaDecodeWorkspace,
     mla_decode,
+    mla_decode_config,
     plan_mla_decode,
-    reads_by_tma,
 )
 from vllm_blackwell_ext.kernels.mla_decode_configs import PREFERRED_BLOCK_SIZE
 from vllm_blackwell_ext.kv_cache_dtypes import FP8_KV_CACHE_DTYPES
@@ -460,7 +460,7 @@ class BwxMLAImpl(MLACommonImpl[BwxMLAMetadata]):
         if not self._decode_reads_logged:
             self._decode_reads_logged = True
             rows = heads * decode.query_len
-            if reads_by_tma(kv_c_and_k_pe_cache, rows, decode.seq_lens.shape[0]):
+            if mla_decode_config(kv_c_and_k_pe_cache, rows, decode.seq_lens.shape[0]).tma:
                 logger.info_once(
                     "BWX_MLA: decode reads the cache's 64-key tiles through TMA (%d rows)", rows
                 )

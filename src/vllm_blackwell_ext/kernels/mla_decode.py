@@ -562,18 +562,19 @@ def _tma_page_size(kv_cache: torch.Tensor, info: DeviceInfo) -> int | None:
     return kv_cache.shape[1]
 
 
-def reads_by_tma(kv_cache: torch.Tensor, rows: int, batch: int) -> bool:
-    """Whether `mla_decode` with the table's config reads this cache's tiles through TMA, for
-    `rows` query rows per request (heads x query tokens) and `batch` requests."""
-    info = device_info(kv_cache.device)
-    cfg = get_mla_decode_config(
+def mla_decode_config(
+    kv_cache: torch.Tensor, rows: int, batch: int, info: DeviceInfo | None = None
+) -> MlaDecodeConfig:
+    """The table's launch config `mla_decode` takes for this cache, `rows` query rows per
+    request (heads x query tokens) and `batch` requests (TMA entries where the cache allows)."""
+    info = info or device_info(kv_cache.device)
+    return get_mla_decode_config(
         info.device_class,
         _kv_tag(kv_cache.dtype),
         rows,
         batch,
         tma_page_size=_tma_page_size(kv_cache, info),
     )
-    return cfg.tma
 
 
 def _tma_descriptors(kv_cache: torch.Tensor, block_n: int, kv_lora_rank: int) -> tuple:
@@ -821,7 +822,6 @@ def mla_decode(
     if num_tokens == 0:
         return out
     info = device_info(q.device)
-    tma_page_size = _tma_page_size(kv_cache, info)
     if num_splits is None:
         if max_seq_len is None:
             # Host sync: callers on the hot path pass num_splits (or max_seq_len) instead.
@@ -833,9 +833,8 @@ def mla_decode(
     elif num_splits < 1:
         fail(ValueError, "num_splits", ">= 1", num_splits)
     rows = query_len * num_heads
-    cfg = config or get_mla_decode_config(
-        info.device_class, _kv_tag(kv_cache.dtype), rows, batch, tma_page_size=tma_page_size
-    )
+    cfg = config or mla_decode_config(kv_cache, rows, batch, info)
+    tma_page_size = _tma_page_size(kv_cache, info)
     if cfg.tma and (tma_page_size is None or tma_page_size % cfg.block_n):
         fail(
             ValueError,
@@ -928,6 +927,6 @@ __all__ = [
     "merge_config",
     "mla_decode",
     "mla_decode_flops",
+    "mla_decode_config",
     "plan_mla_decode",
-    "reads_by_tma",
 ]
