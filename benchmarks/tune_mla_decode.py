@@ -236,8 +236,11 @@ def compile_offline(
         _mla_decode_split_kernel,
     )
 
-    k = _mla_decode_split_fp8_kernel if fp8 else _mla_decode_split_kernel
-    ptrs = {"Q": "*bf16", "KV": "*fp8e4nv" if fp8 else "*bf16", "BT": "*i32", "SEQ": "*i32",
+    # TMA configs of either cache dtype take the 16-bit kernel (fp8 tiles widened to bf16).
+    pairs_kernel = fp8 and not cfg.tma
+    k = _mla_decode_split_fp8_kernel if pairs_kernel else _mla_decode_split_kernel
+    kv = "fp8e4nv" if fp8 else "bf16"
+    ptrs = {"Q": "*bf16", "KV": f"*{kv}", "BT": "*i32", "SEQ": "*i32",
             "KSCALE": "*fp32", "O_PART": "*fp32", "L_PART": "*fp32", "OUT": "*bf16",
             "LSE": "*fp32"}  # fmt: skip
     ints = ["stride_qt", "stride_qh", "stride_kv_page", "stride_kv_tok", "stride_bt",
@@ -247,10 +250,10 @@ def compile_offline(
     sig = dict(ptrs) | {n: "i32" for n in ints} | {"qk_scale_log2": "fp32"}
     sig |= {n: "i32" for n in ("num_heads", "query_len", "num_splits", "num_row_groups")}
     tma: dict = {}
-    if not fp8:  # the 16-bit kernel's key tiles come through descriptors or a gather
+    if not pairs_kernel:  # the 16-bit kernel's key tiles come through descriptors or a gather
         if cfg.tma:
-            sig["KL_DESC"] = f"tensordesc<bf16[{cfg.block_n},{kv_lora_rank // 4}]>"
-            sig["KR_DESC"] = f"tensordesc<bf16[{cfg.block_n},{rope}]>"
+            sig["KL_DESC"] = f"tensordesc<{kv}[{cfg.block_n},{kv_lora_rank // 4}]>"
+            sig["KR_DESC"] = f"tensordesc<{kv}[{cfg.block_n},{rope}]>"
         else:
             tma = dict(KL_DESC=None, KR_DESC=None)
         tma["TMA"] = cfg.tma
@@ -264,7 +267,7 @@ def compile_offline(
         HAS_SCALE=fp8,
         SINGLE_SPLIT=False,
         HAS_LSE=True,
-        DOT_DTYPE=tl.float16 if fp8 else tl.bfloat16,
+        DOT_DTYPE=tl.float16 if pairs_kernel else tl.bfloat16,
         **tma,
     )
     aligned = [*ptrs, "stride_qt", "stride_qh", "stride_kv_page", "stride_kv_tok", "stride_pt",

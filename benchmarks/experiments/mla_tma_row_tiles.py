@@ -1,13 +1,14 @@
-"""Which row tiles of BWX_MLA's bf16 decode gain from TMA-read key tiles, beside the table's.
+"""Which row tiles of BWX_MLA's decode gain from TMA-read key tiles, beside the table's.
 
-The product kernel reads 64-key tiles through TMA on Hopper for 64-row tiles only
+The product kernel reads 64-key tiles through TMA on Hopper for 64-row bf16 tiles only
 (`MLA_DECODE_TMA_CONFIGS`). This times, with the product's `mla_decode` and a forced config,
 TMA variants of the 16-, 32- and 64-row tiles against the table's choice on the benchmark's own
 cases (`bench_mla_decode.py`: same inputs, split plan, CUDA-graph replays), beside the copy
 roofline and matmul rate measured in the same run, and checks each output against the
-table's.
+table's. fp8 caches too: a TMA config sends them through the 16-bit kernel, each tile widened
+to bf16 (the table's fp8 entries use the fp8 kernel, which gathers 16-bit pairs).
 
-    python benchmarks/experiments/mla_tma_row_tiles.py
+    python benchmarks/experiments/mla_tma_row_tiles.py [--only SUBSTR]
 """
 
 from __future__ import annotations
@@ -34,16 +35,19 @@ VARIANTS = [
 CASES = (
     "h16 bf16 B=64 ctx=32k", "h16 bf16 B=8 ctx=32k", "h16 bf16 B=1 ctx=128k",
     "h32 bf16 B=64 ctx=32k", "h16 bf16 q_len=4 B=64 ctx=32k", "h128 bf16 B=64 ctx=32k",
+    "h16 fp8 B=64 ctx=32k", "h32 fp8 B=64 ctx=32k", "h16 fp8 q_len=4 B=64 ctx=32k",
+    "h128 fp8 B=64 ctx=32k",
 )  # fmt: skip
 
 
 def main() -> None:
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
     copy = copy_roofline_gbps("cuda")
     matmul = mb.matmul_tflops()
     print(f"# {torch.cuda.get_device_name()}; copy {copy:.0f} GB/s, matmul {matmul:.0f} TFLOP/s")
     caches = mb.Caches("cuda")
     by_name = {c.name: c for c in mb.cases()}
-    for name in CASES:
+    for name in [n for n in CASES if only in n]:
         case = by_name[name]
         x = mb.make_inputs(case, caches)
         bound = matmul if case.metric == "TFLOP/s" else copy

@@ -22,7 +22,9 @@ each KV tile, and the kernel is built around that:
   element;
 - on Hopper a 16-bit cache stored contiguously with pages a multiple of 64 tokens (vLLM's
   layout; BWX_MLA asks for 64-token pages) takes 64-key tiles read by TMA copies for 64-row
-  tiles (`MLA_DECODE_TMA_CONFIGS`); other caches are gathered per thread with `cp.async`;
+  tiles (`MLA_DECODE_TMA_CONFIGS`); other caches are gathered per thread with `cp.async`. A
+  TMA config given for an fp8 cache runs the same path, each tile widened to q's dtype (no
+  table entry takes it yet: `benchmarks/experiments/mla_tma_row_tiles.py` times it);
 - query_len up to 8 rows per request (MTP / speculative verification), causal within the rows;
 - capture-safe: with a preallocated `MlaDecodeWorkspace` and a given `num_splits`, `mla_decode`
   neither allocates nor synchronises with the host.
@@ -194,7 +196,8 @@ def _mla_decode_split_kernel(
     DOT_DTYPE: tl.constexpr,  # q's dtype on GPUs; fp32 under the interpreter (see launcher)
     TMA: tl.constexpr,  # key tiles through KL_DESC / KR_DESC (tiles within a page)
 ):
-    """Split kernel of a 16-bit (bf16 / fp16) cache."""
+    """Split kernel of a 16-bit (bf16 / fp16) cache, and of an fp8 cache read through TMA
+    (each tile widened to q's dtype, exact for e4m3; the scale applied as in the fp8 kernel)."""
     # The latent width is handled as four column chunks (q0..q3, k0..k3, acc0..acc3) rather
     # than one [*, R] tile: a dot loads its operands whole into each warp's registers (q from
     # shared memory every tile), and a full [BLOCK_M, 512] query operand alone would take 128
@@ -552,10 +555,11 @@ MIN_TMA_CAPABILITY: tuple[int, int] = (9, 0)
 
 
 def _tma_page_size(kv_cache: torch.Tensor, info: DeviceInfo) -> int | None:
-    """The cache's page size where TMA can read its tiles, else None: a 16-bit cache on a GPU
-    with TMA (or the interpreter), contiguous [pages, page, width] at a 16-byte address (a
-    tile is then one block of a 2-D [pages * page, width] view)."""
-    if kv_cache.element_size() != 2 or not kv_cache.is_contiguous() or kv_cache.data_ptr() % 16:
+    """The cache's page size where TMA can read its tiles, else None: a cache on a GPU with TMA
+    (or the interpreter), contiguous [pages, page, width] at a 16-byte address (a tile is then
+    one block of a 2-D [pages * page, width] view; rows of 576 or 288 elements keep every
+    row 16-byte aligned in bf16 and fp8 alike)."""
+    if not kv_cache.is_contiguous() or kv_cache.data_ptr() % 16:
         return None
     if info.device_class != "cpu" and info.capability < MIN_TMA_CAPABILITY:
         return None
@@ -839,8 +843,8 @@ def mla_decode(
         fail(
             ValueError,
             "config",
-            f"tma=False for this cache (TMA needs a contiguous 16-bit cache at a 16-byte "
-            f"address whose page size is a multiple of block_n = {cfg.block_n}, on sm90+)",
+            f"tma=False for this cache (TMA needs a contiguous cache at a 16-byte address "
+            f"whose page size is a multiple of block_n = {cfg.block_n}, on sm90+)",
             f"tma=True with a {kv_cache.dtype} cache of shape {tuple(kv_cache.shape)}, strides "
             f"{kv_cache.stride()} on {info.device_class}",
         )
@@ -885,12 +889,15 @@ def mla_decode(
         *q.stride()[:2], *kv_cache.stride()[:2], block_table.stride(0),
         *part_strides, *out.stride()[:2], lse_out.stride(0) if has_lse else 0,
         float(softmax_scale) * _LOG2E, num_heads, query_len, num_splits, row_groups,
-        # constexprs, in signature order: R .. DOT_DTYPE
+        # constexprs, in signature order: R .. DOT_DTYPE. TMA tiles of an fp8 cache widen to
+        # q's dtype (exact for e4m3) and take the 16-bit kernel: the per-tensor scale folds
+        # into the scores and the output there too.
         kv_lora_rank, rope_dim, kv_cache.shape[1], cfg.block_m, cfg.block_n,
-        causal, has_scale, single, has_lse, _dot_dtype(q, kv_cache.dtype),
+        causal, has_scale, single, has_lse,
+        _dot_dtype(q, q.dtype if cfg.tma else kv_cache.dtype),
     )  # fmt: skip
     options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if kv_cache.dtype == torch.float8_e4m3fn:
+    if kv_cache.dtype == torch.float8_e4m3fn and not cfg.tma:
         handle = _SPLIT_FP8_LAUNCHER.launch(grid, (*tensors, *scalars), **options)
     else:
         descs = _tma_descriptors(kv_cache, cfg.block_n, kv_lora_rank) if cfg.tma else (None, None)
