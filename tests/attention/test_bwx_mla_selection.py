@@ -194,15 +194,14 @@ def test_backend_declares_dcp_lse_and_uniform_cudagraphs():
 
 
 def test_vllm_gives_bwx_mla_64_token_pages_unless_told_otherwise():
-    """vLLM's block-size pick for a lone backend: ours asks for 64-token pages (whole TMA
-    tiles on Hopper), and any multiple of 16 a user passes stays valid."""
-    from vllm.config import VllmConfig
-    from vllm.platforms.interface import Platform
+    """Without --block-size, vLLM (0.32-0.34, `Platform.update_block_size_for_backend`) asks a
+    lone backend `get_preferred_block_size(CacheConfig.DEFAULT_BLOCK_SIZE)`: ours answers 64
+    (whole TMA tiles on Hopper), and any multiple of 16 a user passes stays valid."""
+    from vllm.config import CacheConfig
 
     from vllm_blackwell_ext.attention.bwx_mla import BwxMLABackend
 
-    picked = Platform._preferred_block_size_for_backends([BwxMLABackend], 16, VllmConfig())
-    assert picked == 64
+    assert BwxMLABackend.get_preferred_block_size(CacheConfig.DEFAULT_BLOCK_SIZE) == 64
     assert all(BwxMLABackend.supports_block_size(size) for size in (16, 32, 64, 128))
 
 
