@@ -12,6 +12,9 @@
 #               FlashInfer's MLA and FlashMLA (sources from scripts/fetch_flashmla_peer.sh, carried)
 #   mla-tma     benchmarks/experiments/mla_decode_tma.py: its check, then TMA-fed MLA decode tiles
 #               against the shipped kernels (mla-decode-tma.txt)
+#   mla-rows    the MLA kernel tests of the TMA path, then
+#               benchmarks/experiments/mla_tma_row_tiles.py: TMA configs of every row tile, bf16
+#               and fp8, against the table (mla-tma-row-tiles.txt)
 #   host        benchmarks/experiments/attn_host_profile.py: where an eager call's host time goes
 #               (attn-host-profile.txt)
 #
@@ -20,7 +23,7 @@
 # OUT_DIR gets the pytest logs, the engine tests' summary.md and the benchmark results; each
 # engine's figures are written as soon as it finishes, so a run cut short keeps those.
 set -uo pipefail
-[[ $# -ge 2 ]] || { sed -n '2,21p' "$0"; exit 2; }
+[[ $# -ge 2 ]] || { sed -n '2,24p' "$0"; exit 2; }
 out=$1
 shift
 mkdir -p "$out"
@@ -55,6 +58,12 @@ for step in "$@"; do
         python benchmarks/experiments/mla_decode_tma.py; } > "$out/mla-decode-tma.txt" 2>&1 ||
         status=1
       tail -n 5 "$out/mla-decode-tma.txt"
+      ;;
+    mla-rows)
+      { python -m pytest -q tests/kernels/test_mla_decode.py -k "tma" &&
+        python benchmarks/experiments/mla_tma_row_tiles.py; } > "$out/mla-tma-row-tiles.txt" 2>&1 ||
+        status=1
+      tail -n 5 "$out/mla-tma-row-tiles.txt"
       ;;
     host)
       python benchmarks/experiments/attn_host_profile.py > "$out/attn-host-profile.txt" 2>&1 ||
