@@ -837,8 +837,10 @@ def mla_decode(
     elif num_splits < 1:
         fail(ValueError, "num_splits", ">= 1", num_splits)
     rows = query_len * num_heads
-    cfg = config or mla_decode_config(kv_cache, rows, batch, info)
     tma_page_size = _tma_page_size(kv_cache, info)
+    cfg = config or get_mla_decode_config(
+        info.device_class, _kv_tag(kv_cache.dtype), rows, batch, tma_page_size=tma_page_size
+    )
     if cfg.tma and (tma_page_size is None or tma_page_size % cfg.block_n):
         fail(
             ValueError,
@@ -933,7 +935,7 @@ __all__ = [
     "MlaDecodeWorkspace",
     "merge_config",
     "mla_decode",
-    "mla_decode_flops",
     "mla_decode_config",
+    "mla_decode_flops",
     "plan_mla_decode",
 ]

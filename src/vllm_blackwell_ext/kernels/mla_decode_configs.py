@@ -27,9 +27,10 @@ class MlaDecodeConfig:
     # one split should hold before splitting more stops paying for the merge.
     ctas_per_sm: int = 2
     min_split_keys: int = 128
-    # Read each key tile with tensor-memory-access copies (TMA, 16-bit caches on sm90+): five
-    # copies of a page-aligned [block_n, *] tile instead of a per-thread gather. Only for a
-    # contiguous cache whose page size is a multiple of block_n (`MLA_DECODE_TMA_CONFIGS`).
+    # Read each key tile with tensor-memory-access copies (TMA, sm90+): five copies of a
+    # page-aligned [block_n, *] tile instead of a per-thread gather, through the 16-bit kernel
+    # (an fp8 cache's tiles widened to q's dtype). Only for a contiguous cache whose page size
+    # is a multiple of block_n (`MLA_DECODE_TMA_CONFIGS`).
     tma: bool = False
 
 
