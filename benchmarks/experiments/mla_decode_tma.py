@@ -14,8 +14,9 @@ the shipped fp8 kernel reads them): no per-thread addresses, no gather instructi
 experiment times those kernels over tile sizes, warps, stages, the query from plain loads or a
 descriptor (bf16) and zeroed page tails or not, against the shipped kernels on the same values
 with the same split plan and the shipped merge, as CUDA-graph replays, beside the device copy
-bandwidth and matmul rate measured in the same run. Its result decides whether the product's
-MLA decode takes TMA.
+bandwidth and matmul rate measured in the same run. Its result (`h100-mla-decode-tma.txt`) put
+the bf16 64-row TMA entry into the product (`MLA_DECODE_TMA_CONFIGS`); since then its
+"shipped" rows are the table's choice, that entry included.
 
     python benchmarks/experiments/mla_decode_tma.py [--only SUBSTR]
     TRITON_INTERPRET=1 python benchmarks/experiments/mla_decode_tma.py --check
