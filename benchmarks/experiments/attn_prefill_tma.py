@@ -104,6 +104,7 @@ def _tma_prefill_kernel(
     SINGLE_LOOP: tl.constexpr,  # one loop, causal mask on every tile (what WARP_SPEC needs)
     WARP_SPEC: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    READAHEAD: tl.constexpr = False,  # paged: block-table reads one tile ahead
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GQA
     # No search loop and no early return before the key loop: Triton 3.6's Hopper warp
@@ -147,9 +148,18 @@ def _tma_prefill_kernel(
     offs_n = tl.arange(0, TILE_N)
     # Keys past a row's position get -inf, so p = 0; the cache slots they read are finite
     # (written earlier, or zeros from allocation), so 0 x value adds nothing.
+    # READAHEAD: each tile's descriptor row comes from the block table one iteration ahead (a
+    # loop-carried value, so the TMA copy does not wait on a load of its own iteration). The
+    # read past the last tile is clamped to the block's last key, whose page exists.
+    row_next = _tile_row(bt_row, 0, q_start, kv_head, NUM_KV_HEADS, PAGE)
     for j in tl.range(0, full_hi, num_stages=STAGES, warp_specialize=WARP_SPEC):
         start = j * TILE_N
-        row = _tile_row(bt_row, start, q_start, kv_head, NUM_KV_HEADS, PAGE)
+        if READAHEAD:
+            row = row_next
+            ahead = tl.minimum(start + TILE_N, pos_last)
+            row_next = _tile_row(bt_row, ahead, q_start, kv_head, NUM_KV_HEADS, PAGE)
+        else:
+            row = _tile_row(bt_row, start, q_start, kv_head, NUM_KV_HEADS, PAGE)
         k = k_desc.load([row, k_col])
         v = v_desc.load([row, v_col])
         visible = (start + offs_n)[None, :] <= q_pos[:, None]
@@ -157,7 +167,12 @@ def _tma_prefill_kernel(
     if not SINGLE_LOOP:
         for j in tl.range(full_hi, tile_hi):
             start = j * TILE_N
-            row = _tile_row(bt_row, start, q_start, kv_head, NUM_KV_HEADS, PAGE)
+            if READAHEAD:
+                row = row_next
+                ahead = tl.minimum(start + TILE_N, pos_last)
+                row_next = _tile_row(bt_row, ahead, q_start, kv_head, NUM_KV_HEADS, PAGE)
+            else:
+                row = _tile_row(bt_row, start, q_start, kv_head, NUM_KV_HEADS, PAGE)
             k = k_desc.load([row, k_col])
             v = v_desc.load([row, v_col])
             visible = (start + offs_n)[None, :] <= q_pos[:, None]
@@ -179,6 +194,7 @@ class TmaConfig:
     stages: int
     single_loop: bool = False
     warp_spec: bool = False  # needs single_loop (Triton 3.6's Hopper pass fails otherwise)
+    readahead: bool = False  # paged: each tile's page read one iteration ahead
 
 
 def query_blocks(cu: torch.Tensor, block_q: int) -> torch.Tensor:
@@ -214,7 +230,7 @@ def tma_prefill(
         out.stride(0), out.stride(1), block_table.stride(0),
         NUM_KV_HEADS=hkv, GQA=gqa, HEAD=head, BLOCK_Q=cfg.block_q, TILE_N=cfg.tile_n,
         PAGE=page, STAGES=cfg.stages, SINGLE_LOOP=cfg.single_loop, WARP_SPEC=cfg.warp_spec,
-        DOT_FP32=q.device.type == "cpu", num_warps=cfg.num_warps,
+        DOT_FP32=q.device.type == "cpu", READAHEAD=cfg.readahead, num_warps=cfg.num_warps,
     )  # fmt: skip
 
 
@@ -229,10 +245,12 @@ class Inputs:
     max_seqlen_q: int
 
 
-def make_inputs(lens: list[int], page: int, device: str, hq=HQ, hkv=HKV, d=D) -> Inputs:
-    """Causal prefills without context, pages in random order."""
+def make_inputs(
+    lens: list[int], page: int, device: str, hq=HQ, hkv=HKV, d=D, ctx: int = 0
+) -> Inputs:
+    """Causal prefills of `lens` queries after `ctx` cached keys each, pages in random order."""
     g = torch.Generator(device="cpu").manual_seed(0)
-    pages = [-(-n // page) for n in lens]
+    pages = [-(-(ctx + n) // page) for n in lens]
     nb = sum(pages)
     kv = torch.randn(nb, hkv, page, 2 * d, generator=g).to(torch.bfloat16).to(device)
     perm = torch.randperm(nb, generator=g).to(torch.int32)
@@ -244,7 +262,8 @@ def make_inputs(lens: list[int], page: int, device: str, hq=HQ, hkv=HKV, d=D) ->
     q = torch.randn(sum(lens), hq, d, generator=g).to(torch.bfloat16).to(device)
     cu = torch.tensor([0, *lens]).cumsum(0).to(torch.int32).to(device)
     return Inputs(
-        q, kv, torch.empty_like(q), cu, torch.tensor(lens, dtype=torch.int32, device=device),
+        q, kv, torch.empty_like(q), cu,
+        torch.tensor([ctx + n for n in lens], dtype=torch.int32, device=device),
         table.to(device), max(lens),
     )  # fmt: skip
 

@@ -1,0 +1,155 @@
+"""Prefill over cached context (a chunk of a long prompt, a prefix-cache hit) with TMA-read pages.
+
+A prompt without cached context takes `fresh_prefill`, which reads its keys from the step's own
+contiguous K/V through TMA. A chunk after cached context must read that context from the paged
+cache, and the shipped kernel gathers those tiles with `cp.async` through the block table (H100:
+342 TFLOP/s for a 2k chunk after 14k, where FlashAttention 3 ran 597 in the same run,
+`h100-paged-attention.md`). Where a page holds whole key tiles (64 or 128 tokens), each tile is
+one TMA copy from the cache viewed as 2D rows. This times, on the same values and in one run:
+the shipped kernel at pages of 16, 64 and 128, and `attn_prefill_tma.py`'s TMA kernel over the
+paged cache, with the block-table read in the tile's own iteration or one iteration ahead.
+
+    python benchmarks/experiments/attn_chunk_prefill_tma.py [--only SUBSTR]
+    TRITON_INTERPRET=1 python benchmarks/experiments/attn_chunk_prefill_tma.py --check
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "src")]
+
+import torch
+import triton
+
+from benchmarks.experiments.attn_prefill_tma import (
+    HKV,
+    HQ,
+    D,
+    Inputs,
+    TmaConfig,
+    graph_us,
+    kv_views,
+    make_inputs,
+    query_blocks,
+    tma_prefill,
+    tma_us,
+)
+from vllm_blackwell_ext.kernels.paged_attention import launch_config, paged_attention
+from vllm_blackwell_ext.reference.paged_attention import paged_attention_ref
+
+# (name, query lengths, cached keys before each)
+CASES = (
+    ("prefill chunk 2k after 14k ctx B=1", [2048], 14336),
+    ("prefill chunk 8k after 24k ctx B=1", [8192], 24576),
+    ("prefill chunk 512 after 7.5k ctx B=4", [512] * 4, 7680),
+    ("prefill causal B=1 L=8k", [8192], 0),
+)
+PAGES = (16, 64, 128)
+# Tiles must not cross a page: 64-key tiles on pages of 64, both widths on pages of 128.
+TMA_CONFIGS = (
+    TmaConfig(32, 64, 8, 3), TmaConfig(32, 64, 8, 4),
+    TmaConfig(32, 64, 8, 3, readahead=True), TmaConfig(32, 64, 8, 4, readahead=True),
+    TmaConfig(32, 128, 8, 2), TmaConfig(32, 128, 8, 3),
+    TmaConfig(32, 128, 8, 2, readahead=True), TmaConfig(32, 128, 8, 3, readahead=True),
+)  # fmt: skip
+
+
+def check() -> None:
+    """The TMA kernel with context, both block-table reads, against the pure-torch reference."""
+    device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+    cases = [([40, 70], 32, 50, TmaConfig(8, 16, 4, 2, readahead=ra)) for ra in (False, True)]
+    cases += [([33, 5], 64, 100, TmaConfig(4, 32, 4, 3, readahead=True))]
+    if device == "cuda":
+        cases += [([1000, 300], 128, 3000, TmaConfig(32, 128, 8, 3, readahead=True))]
+        cases += [([1000, 300], 64, 3000, TmaConfig(32, 64, 8, 4, readahead=True))]
+    for lens, page, ctx, cfg in cases:
+        d = 64 if device == "cpu" else 128
+        x = make_inputs(lens, page, device, hq=8, hkv=2, d=d, ctx=ctx)
+        tma_prefill(
+            x.q, x.kv, x.out, x.cu, x.seq_lens, x.block_table, cfg, query_blocks(x.cu, cfg.block_q)
+        )
+        k, v = kv_views(x)
+        ref, _ = paged_attention_ref(
+            x.q.float(), k.float(), v.float(), x.cu, x.seq_lens, x.block_table,
+            softmax_scale=d**-0.5, causal=True,
+        )  # fmt: skip
+        err = (x.out.float() - ref).abs().max().item()
+        print(f"check lens={lens} ctx={ctx} page={page} {cfg}: max |err| {err:.2e}")
+        # bf16 output and bf16 P in the second dot: each rounds to 2**-9 relative
+        torch.testing.assert_close(x.out.float(), ref, atol=1e-2, rtol=1e-2)
+
+
+def shipped_us(x: Inputs) -> tuple[float, str]:
+    k, v = kv_views(x)
+    cfg = launch_config(x.q, k, v, x.max_seqlen_q)
+    max_k = int(x.seq_lens.max())
+
+    def fn() -> None:
+        paged_attention(
+            x.q, k, v, x.out, x.cu, x.seq_lens, x.block_table, max_seqlen_q=x.max_seqlen_q,
+            max_seqlen_k=max_k, softmax_scale=D**-0.5, causal=True,
+        )  # fmt: skip
+
+    tag = f"m={cfg.block_m} n={cfg.tile_n} w={cfg.num_warps} st={cfg.num_stages}"
+    return graph_us(fn), tag
+
+
+def bench(only: str) -> None:
+    for name, lens, ctx in CASES:
+        if only not in name:
+            continue
+        flops = 4.0 * HQ * D * sum(n * ctx + n * (n + 1) // 2 for n in lens)
+        for page in PAGES:
+            # Each page size lays the values out afresh: TMA outputs are held to the shipped
+            # kernel's on the same pages.
+            x = make_inputs(lens, page, "cuda", ctx=ctx)
+            us, tag = shipped_us(x)
+            ref = x.out.clone()
+            print(
+                f"{name}: page={page} shipped {tag}: {us:.1f} us {flops / us / 1e6:.1f} TFLOP/s",
+                flush=True,
+            )
+            for cfg in TMA_CONFIGS:
+                if page % cfg.tile_n:
+                    continue
+                tag = (
+                    f"tma paged m={cfg.block_q * HQ // HKV} n={cfg.tile_n} w={cfg.num_warps} "
+                    f"st={cfg.stages} readahead={int(cfg.readahead)}"
+                )
+                try:
+                    x.out.zero_()
+                    us = tma_us(x, cfg, None)
+                except Exception as e:  # a variant that does not compile: say so, go on
+                    print(f"{name}: page={page} {tag}: {type(e).__name__}: {str(e)[:300]}")
+                    continue
+                diff = (x.out.float() - ref.float()).abs().max().item()
+                print(
+                    f"{name}: page={page} {tag}: {us:.1f} us {flops / us / 1e6:.1f} TFLOP/s "
+                    f"(max |diff| vs shipped {diff:.1e})",
+                    flush=True,
+                )
+            del x, ref
+            torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="", help="run cases whose name contains this")
+    ap.add_argument("--check", action="store_true", help="correctness on small shapes only")
+    args = ap.parse_args()
+    if args.check:
+        check()
+        return
+    print(
+        f"# torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}"
+    )
+    bench(args.only)
+
+
+if __name__ == "__main__":
+    main()
