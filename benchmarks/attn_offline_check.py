@@ -41,6 +41,11 @@ from vllm_blackwell_ext.kernels.device import (
     MIN_FP8_CAPABILITY,
     SMEM_LIMIT_BY_CAPABILITY,
     DeviceInfo,
+    device_class_of,
+)
+from vllm_blackwell_ext.kernels.paged_attention_configs import (
+    PREFILL_TMA_CLASSES,
+    PREFILL_WIDE_TILE_N,
 )
 
 # (head_size, head_size_v): every padded width the kernel has, and unequal K/V heads.
@@ -61,6 +66,8 @@ QUICK = [((128, 128), "causal"), ((192, 128), "causal"), ((64, 64), "sinks+windo
          ((256, 256), "softcap+window"), ((128, 128), "non-causal+window")]  # fmt: skip
 QUICK_SPLITS = [1, 4]
 NUM_KV_HEADS, PAGE, CONTEXT = 2, 16, 4096
+# Prefill on the classes that read whole page tiles through TMA also runs on such pages.
+TMA_PAGE = PREFILL_WIDE_TILE_N
 KERNELS = {"attn": pa._paged_attn_kernel, "merge": pa._split_kv_merge_kernel}
 # Where spills inside a loop are reported but not counted as failures. sm90: its configs stay
 # as they ran on the H200 and H100 until a GPU measures an alternative, since a spill-free one
@@ -80,12 +87,13 @@ class Case:
     fp8: bool
     splits: int
     features: str  # one of FEATURES
+    page: int = PAGE
 
     def __str__(self) -> str:
         kv = "fp8" if self.fp8 else "bf16"
         return (
             f"head {self.head[0]}/{self.head[1]} q={self.q_len} gqa={self.gqa} {kv} "
-            f"splits={self.splits} {self.features}"
+            f"splits={self.splits} {self.features} page={self.page}"
         )
 
 
@@ -123,6 +131,8 @@ def cases(capability: tuple[int, int], quick: bool = False) -> Iterator[Case]:
             continue
         for n in (QUICK_SPLITS if quick else SPLITS) if decode_shaped else (1,):
             yield Case(head, q_len, gqa, fp8, n, features)
+        if not decode_shaped and device_class_of(capability) in PREFILL_TMA_CLASSES:
+            yield Case(head, q_len, gqa, fp8, 1, features, TMA_PAGE)
 
 
 def record(case: Case) -> None:
@@ -130,9 +140,11 @@ def record(case: Case) -> None:
     head_k, head_v = case.head
     batch = 2
     kv_dtype = torch.float8_e4m3fn if case.fp8 else torch.bfloat16
-    blocks = batch * CONTEXT // PAGE
-    key_cache = torch.empty(blocks, PAGE, NUM_KV_HEADS, head_k, dtype=kv_dtype)
-    value_cache = torch.empty(blocks, PAGE, NUM_KV_HEADS, head_v, dtype=kv_dtype)
+    page = case.page
+    blocks = batch * CONTEXT // page
+    # vLLM's layout: [blocks, kv heads, page, K + V], K and V views of it
+    kv = torch.empty(blocks, NUM_KV_HEADS, page, head_k + head_v, dtype=kv_dtype)
+    key_cache, value_cache = kv.transpose(1, 2).split([head_k, head_v], dim=-1)
     heads = NUM_KV_HEADS * case.gqa
     q = torch.empty(batch * case.q_len, heads, head_k, dtype=torch.bfloat16)
     out = torch.empty(batch * case.q_len, heads, head_v, dtype=torch.bfloat16)
@@ -141,7 +153,7 @@ def record(case: Case) -> None:
         q, key_cache, value_cache, out,
         torch.arange(batch + 1, dtype=torch.int32) * case.q_len,
         torch.full((batch,), CONTEXT, dtype=torch.int32),
-        torch.zeros(batch, CONTEXT // PAGE, dtype=torch.int32),
+        torch.zeros(batch, CONTEXT // page, dtype=torch.int32),
         max_seqlen_q=case.q_len, max_seqlen_k=CONTEXT, softmax_scale=head_k**-0.5,
         causal=case.features != "non-causal+window",
         sliding_window=None if case.features == "causal" else 1024,

@@ -1,8 +1,9 @@
 """Benchmark of BWX_ATTN's paged-attention kernel against vLLM 0.32's Triton unified attention.
 
-Qwen3-8B shapes (32 query heads, 8 KV heads, head 128, block 16), pages shuffled. Cases cover
-the serving shapes that matter: decode (bf16 and fp8 KV), spec-verify and DFlash draft blocks
-(query 8/16, causal and not), the sliding-window draft layer and prefill. GB/s counts the KV
+Qwen3-8B shapes (32 query heads, 8 KV heads, head 128, pages of 16 unless a case names 128,
+shuffled). Cases cover the serving shapes that matter: decode (bf16 and fp8 KV), spec-verify
+and DFlash draft blocks (query 8/16, causal and not), the sliding-window draft layer and
+prefill, over cached context too (chunks, prefix-cache hits). GB/s counts the KV
 bytes a case must read (in the cache dtype) per second; the copy roofline is measured in the
 same run, and so is a read-only stream (the ceiling of a kernel that only reads). Peers:
 `vllm-triton-unified` (vLLM's kernel via `benchmarks/vllm_peer.py`, scratch sized as vLLM's
@@ -76,6 +77,7 @@ class Case:
     metric: str = "GB/s"
     prefill: int = 0  # > 0: request 0 brings this many query tokens (a mixed batch)
     host: bool = False  # host-time case: eager launch cost, not kernel speed
+    page: int = BS  # tokens per cache page
 
 
 def cases() -> list[Case]:
@@ -97,11 +99,26 @@ def cases() -> list[Case]:
     cs.append(Case("prefill causal B=1 L=8k", 1, 8192, 8192, metric="TFLOP/s"))
     cs.append(Case("prefill causal B=4 L=4k", 4, 4096, 4096, metric="TFLOP/s"))
     cs.append(Case("prefill chunk 2k after 14k ctx B=1", 1, 16384, 2048, metric="TFLOP/s"))
+    # Pages of 128, what BWX_ATTN asks vLLM for on Hopper: whole TMA prefill tiles.
+    for name, b, ctx, q in (
+        ("prefill chunk 2k after 14k ctx B=1", 1, 16384, 2048),
+        ("prefill chunk 8k after 24k ctx B=1", 1, 32768, 8192),
+        ("prefill chunk 512 after 7.5k ctx B=4", 4, 8192, 512),
+    ):
+        cs.append(Case(f"{name} page=128", b, ctx, q, metric="TFLOP/s", page=128))
     for c in (
         Case("decode bf16 B=64 ctx=32k", 64, 32768, 1),
         Case("decode fp8 B=64 ctx=32k", 64, 32768, 1, fp8=True),
         Case("verify causal q=16 B=1 ctx=8k", 1, 8192, 16),
         Case("mixed 2k prefill chunk + 63 decodes ctx=8k", 64, 8192, 1, prefill=2048),
+        Case(
+            "mixed 2k prefill chunk + 63 decodes ctx=8k page=128",
+            64,
+            8192,
+            1,
+            prefill=2048,
+            page=128,
+        ),
     ):
         cs.append(replace(c, name="host " + c.name, metric="us", host=True))
     return cs
@@ -132,9 +149,9 @@ class Inputs:
     """Paged inputs in vLLM 0.32's layout for one case."""
 
     def __init__(self, c: Case, device: str = "cuda") -> None:
-        pages = -(-c.ctx // BS)
+        pages = -(-c.ctx // c.page)
         nb = c.batch * pages
-        kv = torch.empty(nb, HKV, BS, 2 * D, dtype=torch.bfloat16, device=device)
+        kv = torch.empty(nb, HKV, c.page, 2 * D, dtype=torch.bfloat16, device=device)
         kv.normal_()
         if c.fp8:
             kv8 = torch.empty(kv.shape, dtype=torch.float8_e4m3fn, device=device)
@@ -567,7 +584,8 @@ def main(argv: list[str] | None = None) -> int:
             *peer_notes,
             f"copy roofline {roof:.0f} GB/s (read + written); GB/s rows count KV bytes read; "
             f"a read-only stream ran at {read_roof:.0f} GB/s in the same run",
-            "Qwen3-8B shapes: 32 q heads, 8 KV heads, head 128, block 16, shuffled pages",
+            "Qwen3-8B shapes: 32 q heads, 8 KV heads, head 128, pages of 16 (of 128 where named), "
+            "shuffled",
             "times are CUDA-graph replays (as vLLM runs decode) for ours and every peer; "
             "'(eager)' rows are plain Python launches",
             "window rows: peer applies the window both ways in non-causal mode (vLLM 0.32)",

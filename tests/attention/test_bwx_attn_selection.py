@@ -142,3 +142,24 @@ def test_sm75_refusal_lists_every_reason_at_once(cuda_platform, bwx_member, monk
         "compute capability not supported",
     ):
         assert reason in str(excinfo.value)
+
+
+@pytest.mark.parametrize(
+    "capability, pages", [("sm80", 16), ("sm90", 128), ("sm100", 16), ("sm120", 16)]
+)
+def test_vllm_gives_bwx_attn_whole_tma_tile_pages_on_hopper_only(
+    cuda_platform, monkeypatch, capability, pages
+):
+    """Without --block-size vLLM (0.32-0.34) asks a lone backend
+    `get_preferred_block_size(CacheConfig.DEFAULT_BLOCK_SIZE)`: ours answers 128 (whole TMA
+    prefill tiles) on Hopper, vLLM's default elsewhere and on the CPU platform."""
+    from vllm.config import CacheConfig
+
+    from vllm_blackwell_ext.attention import bwx_attn
+
+    default = CacheConfig.DEFAULT_BLOCK_SIZE
+    assert bwx_attn.BwxAttentionBackend.get_preferred_block_size(default) == default  # CPU
+    stub_capability(monkeypatch, cuda_platform, SUPPORTED_CAPABILITIES[capability])
+    monkeypatch.setattr(bwx_attn, "current_platform", cuda_platform())
+    assert bwx_attn.BwxAttentionBackend.get_preferred_block_size(default) == pages
+    assert bwx_attn.BwxAttentionBackend.supports_block_size(pages)

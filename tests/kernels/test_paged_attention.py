@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vllm_blackwell_ext.kernels import paged_attention as pa
-from vllm_blackwell_ext.kernels.device import DeviceInfo
+from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
 from vllm_blackwell_ext.kernels.paged_attention import (
     SUPPORTED_HEAD_SIZES,
     SplitKVWorkspace,
@@ -47,7 +47,9 @@ from vllm_blackwell_ext.kernels.paged_attention_configs import (
     FP8_PROGRAMS_PER_SM,
     MAX_SPLITS,
     MERGE_IN_KERNEL_MAX_SPLITS,
+    PREFILL_WIDE_TILE_N,
     SPLIT_KV_MAX_QUERY_LEN,
+    preferred_block_size,
     select_config,
     split_kv_max_rows,
     split_kv_max_tokens,
@@ -473,6 +475,117 @@ def test_unmasked_interior_tiles_match_reference(causal, window):
     assert_close(long, torch.bfloat16, config=cfg, **kw)
 
 
+def _fill_stale_slots(case: dict, value: float) -> None:
+    """Every cache slot no request reads (page tails past its keys, unused pages) set to a
+    large finite `value`, as stale data a TMA tile reads past a request's keys."""
+    key_cache, value_cache = case["key_cache"], case["value_cache"]
+    live = torch.zeros(key_cache.shape[:2], dtype=torch.bool, device=key_cache.device)
+    block_size = key_cache.shape[1]
+    for b, n in enumerate(case["seq_lens"].tolist()):
+        pos = torch.arange(n, device=key_cache.device)
+        live[case["block_table"][b, pos // block_size].long(), pos % block_size] = True
+    key_cache[~live] = value
+    value_cache[~live] = value
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    reqs=st.lists(st.tuples(st.integers(17, 40), st.integers(0, 60)), min_size=1, max_size=3),
+    dtype=st.sampled_from([torch.bfloat16, torch.float16]),
+    heads=st.sampled_from([(4, 2), (3, 1), (2, 2)]),
+    tiles_per_page=st.sampled_from([1, 2]),
+    causal=st.booleans(),
+    window=st.one_of(st.none(), st.integers(1, 40)),
+    sinks=st.booleans(),
+    softcap=st.sampled_from([0.0, 8.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_tma_tiles_match_reference_with_stale_page_tails(
+    reqs, dtype, heads, tiles_per_page, causal, window, sinks, softcap, seed
+):
+    """Prefill tiles read through TMA (one copy of 16 slots of one page each for K and V, pages
+    of one or two tiles) give the reference's attention, and the stale slots a tile reads past
+    a request's keys (1e4 here) weigh nothing: causal or not, windows, sinks, softcap."""
+    q_lens = [ql for ql, _ in reqs]
+    seq_lens = [ql + ctx for ql, ctx in reqs]
+    case = make_case(
+        q_lens, seq_lens, num_q_heads=heads[0], num_kv_heads=heads[1], head_size=64,
+        block_size=16 * tiles_per_page, dtype=dtype, seed=seed,
+    )  # fmt: skip
+    _fill_stale_slots(case, 1e4)
+    cfg = replace(
+        launch_config(case["q"], case["key_cache"], case["value_cache"], max(q_lens)),
+        block_m=32, block_q=32 // (heads[0] // heads[1]), tile_n=16, num_stages=2,
+        prefetch_pages=False, tma_tiles=True,
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(seed)
+    assert_close(
+        case, dtype, config=cfg, softmax_scale=0.125, causal=causal, sliding_window=window,
+        softcap=softcap,
+        sinks=torch.randn(heads[0], generator=g).to(DEVICE) if sinks else None,
+    )  # fmt: skip
+
+
+def test_tma_tiles_are_refused_for_a_cache_they_cannot_read():
+    """A forced `tma_tiles` config over a cache TMA cannot read as whole tiles says why."""
+    case = make_case(
+        [20], [50], num_q_heads=4, num_kv_heads=2, head_size=64, block_size=16,
+        dtype=torch.float16,
+    )  # fmt: skip
+    args, kw = _base_args(case)
+    cfg = replace(
+        launch_config(case["q"], case["key_cache"], case["value_cache"], 20),
+        block_m=32, block_q=8, tile_n=16, num_stages=2, prefetch_pages=False, tma_tiles=True,
+    )  # fmt: skip
+    paged_attention(*args, **kw, config=cfg)  # whole 16-slot tiles: accepted
+    with pytest.raises(ValueError, match="config: expected tma_tiles=False .* tile_n = 32"):
+        paged_attention(*args, **kw, config=replace(cfg, tile_n=32))  # tiles span two pages
+    fp8 = make_case(
+        [20], [50], num_q_heads=4, num_kv_heads=2, head_size=64, block_size=16,
+        dtype=torch.float16, kv_dtype=torch.float8_e4m3fn,
+    )  # fmt: skip
+    args, kw = _base_args(fp8)
+    with pytest.raises(ValueError, match="tma_tiles=True with a torch.float8_e4m3fn cache"):
+        paged_attention(*args, **kw, **scales(torch.float8_e4m3fn), config=cfg)
+    wide = make_case(
+        [20], [50], num_q_heads=4, num_kv_heads=2, head_size=80, block_size=16,
+        dtype=torch.float16,
+    )  # fmt: skip
+    args, kw = _base_args(wide)
+    with pytest.raises(ValueError, match="heads in \\(64, 128\\)"):
+        paged_attention(*args, **kw, config=cfg)
+
+
+def test_hopper_prefill_takes_tma_tiles_on_pages_of_whole_tiles_only():
+    def cfg(info=H200, page=128, q_len=2048, kv_elem=2, head=128):
+        return select_config(
+            info, head_k_pad=head, head_v_pad=head, gqa=4, max_seqlen_q=q_len, kv_elem=kv_elem,
+            tma_page_size=page,
+        )  # fmt: skip
+
+    tma = cfg()
+    assert tma.tma_tiles and not tma.prefetch_pages
+    assert (tma.block_m, tma.tile_n, tma.num_warps, tma.num_stages) == (128, 128, 8, 3)
+    assert cfg(page=256).tma_tiles
+    for other in (cfg(page=64), cfg(page=16), cfg(page=None), cfg(q_len=16), cfg(q_len=1)):
+        assert not other.tma_tiles  # pages shorter than a tile, no TMA-readable cache, decode
+    assert not cfg(kv_elem=1).tma_tiles and not cfg(head=256).tma_tiles
+    sm100 = DeviceInfo("B200", (10, 0), num_sms=148, smem_per_block=232_448)
+    assert not cfg(sm100).tma_tiles and not cfg(SM120).tma_tiles  # measured on Hopper only
+    # launch_config reads the cache: vLLM's layout on pages of 128 is TMA-readable
+    kv = torch.zeros(4, 8, 128, 256, dtype=torch.bfloat16)
+    key_cache, value_cache = kv.transpose(1, 2).split(128, dim=-1)
+    assert pa._tma_page_size(key_cache, value_cache) == 128
+    assert pa._tma_page_size(key_cache, key_cache[:, :, :, :64]) is None  # strides differ
+
+
+def test_pages_asked_of_vllm_hold_whole_tma_tiles_on_hopper_only():
+    assert preferred_block_size("sm90", 16) == PREFILL_WIDE_TILE_N
+    assert preferred_block_size("sm90", 256) == 256
+    for device_class in (None, "sm80", "sm89", "sm100", "sm120"):
+        assert preferred_block_size(device_class, 16) == 16
+
+
 # On the GPU the unmasked loop may fuse `scores * scale - max` into one FMA where the masked
 # loop rounds the scaled scores first (the mask sits between), so a causal row's last bits
 # depend on where its query block starts. H200: masking the probabilities instead of the scores
@@ -816,6 +929,25 @@ def test_gpu_mixed_batch_every_head_and_block_size(head_size, block_size):
         head_size=head_size, block_size=block_size, dtype=dtype, seed=head_size + block_size,
     )  # fmt: skip
     assert_close(case, dtype, softmax_scale=head_size**-0.5)
+
+
+@gpu_only
+@pytest.mark.parametrize("head_size", [64, 128])
+def test_gpu_hopper_prefill_reads_whole_page_tiles_through_tma(head_size):
+    """On sm90, prefill over 128-token pages takes TMA tiles (bulk tensor copies in the PTX)
+    and gives the reference's attention with stale slots past the keys: chunks after cached
+    context, a fresh prompt, a decode row in the batch; 16-token pages gather."""
+    if device_info("cuda").device_class != "sm90":
+        pytest.skip("TMA prefill tiles are Hopper's; this GPU gathers every tile")
+    for block_size, takes_tma in ((128, True), (16, False)):
+        case = make_case(
+            [700, 2048, 1, 300], [5000, 2048, 9000, 300], num_q_heads=32, num_kv_heads=8,
+            head_size=head_size, block_size=block_size, dtype=torch.bfloat16, seed=head_size,
+        )  # fmt: skip
+        _fill_stale_slots(case, 1e4)
+        compiled: list = []
+        assert_close(case, torch.bfloat16, softmax_scale=head_size**-0.5, compiled=compiled)
+        assert ("cp.async.bulk.tensor" in compiled[0].asm["ptx"]) == takes_tma, block_size
 
 
 @gpu_only

@@ -46,7 +46,7 @@ from vllm_blackwell_ext.attention.fresh_prefill_switch import fresh_prefill_enab
 from vllm_blackwell_ext.attention.jit_warmup import PAGED_ATTENTION_WARMUP, AttentionLayerKind
 from vllm_blackwell_ext.attention.layer_overrides import LAYER_CAUSAL_ATTR, LAYER_WINDOW_ATTR
 from vllm_blackwell_ext.kernels import device as kernel_device
-from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
+from vllm_blackwell_ext.kernels.device import DeviceInfo, device_class_of, device_info
 from vllm_blackwell_ext.kernels.fresh_prefill import (
     FRESH_PREFILL_MIN_QUERY_LEN,
     fresh_prefill,
@@ -59,6 +59,7 @@ from vllm_blackwell_ext.kernels.paged_attention import (
     paged_attention,
     plan_split_kv,
 )
+from vllm_blackwell_ext.kernels.paged_attention_configs import preferred_block_size
 from vllm_blackwell_ext.kv_cache_dtypes import FP8_KV_CACHE_DTYPES
 
 # A child of vLLM's logger, so vLLM's handler and level (VLLM_LOGGING_LEVEL) apply to it.
@@ -128,6 +129,18 @@ class BwxAttentionBackend(AttentionBackend):
     @classmethod
     def supports_block_size(cls, block_size: int | None) -> bool:
         return block_size is None or (block_size > 0 and block_size % BLOCK_SIZE_MULTIPLE == 0)
+
+    @classmethod
+    def get_preferred_block_size(cls, default_block_size: int) -> int:
+        # Where the user did not pass --block-size (vLLM asks only then): on Hopper, pages of
+        # whole TMA prefill tiles.
+        capability = (
+            current_platform.get_device_capability() if current_platform.is_cuda() else None
+        )
+        device_class = (
+            None if capability is None else device_class_of((capability.major, capability.minor))
+        )
+        return preferred_block_size(device_class, default_block_size)
 
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:

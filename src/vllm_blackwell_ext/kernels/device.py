@@ -50,9 +50,14 @@ class DeviceInfo:
     @property
     def device_class(self) -> str:
         """Config-table key: 'sm90', 'sm100', 'sm120', ... ('cpu' under the interpreter)."""
-        if self.capability == (0, 0):
-            return "cpu"
-        return f"sm{self.capability[0]}{self.capability[1]}"
+        return device_class_of(self.capability)
+
+
+def device_class_of(capability: tuple[int, int]) -> str:
+    """The config-table key of a compute capability ((0, 0): the CPU interpreter)."""
+    if tuple(capability) == (0, 0):
+        return "cpu"
+    return f"sm{capability[0]}{capability[1]}"
 
 
 CPU_DEVICE_INFO = DeviceInfo("cpu (TRITON_INTERPRET)", (0, 0), num_sms=4, smem_per_block=101_376)

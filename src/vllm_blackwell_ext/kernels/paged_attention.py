@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .checks import check_index, fail
 from .device import DeviceInfo, device_info
@@ -70,6 +71,8 @@ SUPPORTED_KV_DTYPES: tuple[torch.dtype, ...] = (
     torch.float8_e4m3fn,
     torch.float8_e5m2,
 )
+# Heads whose K/V tiles TMA can read whole (a tile's row is one head, a power of 2 wide).
+TMA_HEAD_SIZES: tuple[int, ...] = (64, 128)
 
 
 @triton.jit
@@ -117,6 +120,10 @@ def _attend_tiles(
     offs_dv,
     dk_ok,
     dv_ok,
+    k_desc,
+    v_desc,
+    page_rows,
+    head_row,
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     CAUSAL: tl.constexpr,
@@ -125,6 +132,7 @@ def _attend_tiles(
     MASKED: tl.constexpr,  # False: every key of these tiles is visible to every valid row
     PREFETCH_PAGES: tl.constexpr,
     V_PAIRS: tl.constexpr,
+    TMA_TILES: tl.constexpr,
 ):
     """Online softmax over key tiles [tile_lo, tile_hi); returns (acc, acc_odd, l_i, m_i).
 
@@ -135,6 +143,11 @@ def _attend_tiles(
     Unmasked tiles skip the key bounds, the causal/window masks and the empty-row guard:
     there every valid row sees every key, so its running max is finite after the first tile
     (padding rows hold a zero query and are never stored).
+
+    With TMA_TILES, a tile is TILE_N slots of one page, read with one TMA copy each of K and V
+    through `k_desc` / `v_desc` (the cache as 2D rows of slots: page p, this KV head, slot s at
+    row p * page_rows + head_row + s). Slots past the request's keys are read too and weighted
+    by P = 0, so they must be finite: vLLM allocates the cache zeroed and writes finite K/V.
     """
     offs_t = tl.arange(0, TILE_N)
     # PREFETCH_PAGES: each tile's pages are read from the block table one iteration ahead, so
@@ -150,20 +163,26 @@ def _attend_tiles(
             kv_ok = key_ok[:, None]
         else:
             kv_ok = tl.full([TILE_N, 1], True, tl.int1)
-        if PREFETCH_PAGES:
-            page = next_page.to(tl.int64)
-            next_pos = key_pos + TILE_N
-            next_page = tl.load(bt_row + next_pos // BLOCK_SIZE, mask=next_pos < k_hi, other=0)
-        elif MASKED:
-            page = tl.load(bt_row + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+        if TMA_TILES:
+            start = j * TILE_N
+            tile_row = tl.load(bt_row + start // BLOCK_SIZE) * page_rows + head_row
+            tile_row += start % BLOCK_SIZE
+            k = k_desc.load([tile_row, 0])
         else:
-            page = tl.load(bt_row + key_pos // BLOCK_SIZE).to(tl.int64)
-        slot = key_pos % BLOCK_SIZE
-        k = tl.load(
-            k_head + page[:, None] * stride_kb + slot[:, None] * stride_ks + offs_dk[None, :],
-            mask=kv_ok & dk_ok[None, :],
-            other=0.0,
-        )
+            if PREFETCH_PAGES:
+                page = next_page.to(tl.int64)
+                next_pos = key_pos + TILE_N
+                next_page = tl.load(bt_row + next_pos // BLOCK_SIZE, mask=next_pos < k_hi, other=0)
+            elif MASKED:
+                page = tl.load(bt_row + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+            else:
+                page = tl.load(bt_row + key_pos // BLOCK_SIZE).to(tl.int64)
+            slot = key_pos % BLOCK_SIZE
+            k = tl.load(
+                k_head + page[:, None] * stride_kb + slot[:, None] * stride_ks + offs_dk[None, :],
+                mask=kv_ok & dk_ok[None, :],
+                other=0.0,
+            )
         s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
         if USE_SOFTCAP:
             # softcap * tanh(s / softcap), tanh from exp for portability (interpreter, Triton 3.6)
@@ -187,11 +206,14 @@ def _attend_tiles(
         alpha = tl.exp2(m_i - m_use)
         p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_head + page[:, None] * stride_vb + slot[:, None] * stride_vs + offs_dv[None, :],
-            mask=kv_ok & dv_ok[None, :],
-            other=0.0,
-        )
+        if TMA_TILES:
+            v = v_desc.load([tile_row, 0])
+        else:
+            v = tl.load(
+                v_head + page[:, None] * stride_vb + slot[:, None] * stride_vs + offs_dv[None, :],
+                mask=kv_ok & dv_ok[None, :],
+                other=0.0,
+            )
         if V_PAIRS == 0:
             acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None])
         else:
@@ -233,6 +255,8 @@ def _paged_attn_kernel(
     cu_q_ptr,
     seq_lens_ptr,
     block_table_ptr,
+    k_desc,  # TMA_TILES: key_cache as 2D [rows of slots, HEAD_K], block [TILE_N, HEAD_K]; else None
+    v_desc,  # TMA_TILES: value_cache likewise; else None
     batch,
     softmax_scale,
     softcap,
@@ -278,6 +302,7 @@ def _paged_attn_kernel(
     PREFETCH_PAGES: tl.constexpr,  # block-table reads one tile ahead (AttnConfig.prefetch_pages)
     V_PAIRS: tl.constexpr,  # 0, or the `fp8_pairs` mode the fp8 value tiles are read in
     MERGE_IN_KERNEL: tl.constexpr,  # SPLIT_KV: the last split to finish merges (no merge kernel)
+    TMA_TILES: tl.constexpr,  # K/V tiles of one page each, one TMA copy (AttnConfig.tma_tiles)
 ):
     pid_q = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -368,6 +393,10 @@ def _paged_attn_kernel(
 
     bt_row = block_table_ptr + req.to(tl.int64) * stride_bt
     k_head = k_ptr + kv_head * stride_kh
+    # TMA_TILES: rows of slots per page, and this KV head's first row within a page (K and V
+    # views share their strides there, `_tma_page_size`).
+    page_rows = stride_kb // stride_ks
+    head_row = kv_head * (stride_kh // stride_ks)
     if UNMASKED_INTERIOR:
         # Tiles every row of the block sees whole (past the window start of its last query,
         # up to the first query's own position) run without masks, in order between the
@@ -387,21 +416,24 @@ def _paged_attn_kernel(
     acc, acc_odd, l_i, m_i = _attend_tiles(
         acc, acc_odd, l_i, m_i, q, qk_scale, softcap, window, tile_lo, full_lo, k_hi, row_ok,
         q_pos, bt_row, k_head, v_head, stride_kb, stride_ks, stride_v_blk, stride_v_slot,
-        offs_dk, offs_v, dk_ok, v_ok,
+        offs_dk, offs_v, dk_ok, v_ok, k_desc, v_desc, page_rows, head_row,
         BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, True, PREFETCH_PAGES, V_PAIRS,
+        TMA_TILES,
     )  # fmt: skip
     if UNMASKED_INTERIOR:
         acc, acc_odd, l_i, m_i = _attend_tiles(
             acc, acc_odd, l_i, m_i, q, qk_scale, softcap, window, full_lo, full_hi, k_hi, row_ok,
             q_pos, bt_row, k_head, v_head, stride_kb, stride_ks, stride_v_blk, stride_v_slot,
-            offs_dk, offs_v, dk_ok, v_ok,
+            offs_dk, offs_v, dk_ok, v_ok, k_desc, v_desc, page_rows, head_row,
             BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, False, PREFETCH_PAGES, V_PAIRS,
+            TMA_TILES,
         )  # fmt: skip
         acc, acc_odd, l_i, m_i = _attend_tiles(
             acc, acc_odd, l_i, m_i, q, qk_scale, softcap, window, full_hi, tile_hi, k_hi, row_ok,
             q_pos, bt_row, k_head, v_head, stride_kb, stride_ks, stride_v_blk, stride_v_slot,
-            offs_dk, offs_v, dk_ok, v_ok,
+            offs_dk, offs_v, dk_ok, v_ok, k_desc, v_desc, page_rows, head_row,
             BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, True, PREFETCH_PAGES, V_PAIRS,
+            TMA_TILES,
         )  # fmt: skip
 
     if V_PAIRS != 0:
@@ -881,6 +913,48 @@ def _validate(
             fail(ValueError, "lse_out", f"device {q.device}", lse_out.device)
 
 
+def _tma_page_size(key_cache: torch.Tensor, value_cache: torch.Tensor) -> int | None:
+    """The cache's page size where TMA can read its tiles (`AttnConfig.tma_tiles`), else None.
+
+    TMA reads a tile as a block of a 2D view whose rows are the cache's slots: a 2-byte cache
+    with heads in TMA_HEAD_SIZES, K and V views of the same strides (vLLM's layout), page and
+    head strides multiples of the slot stride, 16-byte aligned slots and start addresses, and
+    fewer than 2**31 rows (TMA coordinates are int32).
+    """
+    if key_cache.element_size() != 2 or key_cache.shape[3] not in TMA_HEAD_SIZES:
+        return None
+    if value_cache.stride() != key_cache.stride() or value_cache.shape != key_cache.shape:
+        return None
+    stride_page, stride_slot, stride_head, _ = key_cache.stride()
+    if stride_slot <= 0 or stride_page % stride_slot or stride_head % stride_slot:
+        return None
+    if (stride_slot * 2) % 16 or key_cache.data_ptr() % 16 or value_cache.data_ptr() % 16:
+        return None
+    if _tma_rows(key_cache) >= 2**31:
+        return None
+    return key_cache.shape[1]
+
+
+def _tma_rows(cache: torch.Tensor) -> int:
+    """Rows of the 2D slot view of a cache (one past its last slot's row)."""
+    num_blocks, block_size, num_kv_heads, _ = cache.shape
+    stride_page, stride_slot, stride_head, _ = cache.stride()
+    page_rows, head_rows = stride_page // stride_slot, stride_head // stride_slot
+    return (num_blocks - 1) * page_rows + (num_kv_heads - 1) * head_rows + block_size
+
+
+def _tma_descriptors(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, tile_n: int
+) -> tuple[TensorDescriptor, TensorDescriptor]:
+    """K and V as 2D [rows of slots, head] views, read TILE_N slots at a time."""
+    rows, head, stride_slot = _tma_rows(key_cache), key_cache.shape[3], key_cache.stride(1)
+    k_desc, v_desc = (
+        TensorDescriptor(c, [rows, head], [stride_slot, 1], [tile_n, head])
+        for c in (key_cache, value_cache)
+    )
+    return k_desc, v_desc
+
+
 @dataclass(frozen=True)
 class _KernelConstants:
     """What one launch's constexprs derive from its layout: computed once per layout."""
@@ -910,6 +984,7 @@ def _kernel_constants(
     head_size_v: int,
     max_seqlen_q: int,
     split_kv: bool,
+    tma_page_size: int | None,
 ) -> _KernelConstants:
     """Config and constexprs of a launch; cached, as an eager forward pays for every lookup."""
     info = _device_info(device_index)
@@ -923,6 +998,7 @@ def _kernel_constants(
         kv_elem=kv_elem,
         q_elem=q_dtype.itemsize,
         split_kv=split_kv,
+        tma_page_size=tma_page_size,
     )
     return _KernelConstants(
         cfg,
@@ -947,6 +1023,7 @@ def launch_config(
     """The config `paged_attention` would launch with (for tests and the benchmark)."""
     info = info if info is not None else device_info(q.device)
     num_kv_heads = key_cache.shape[2]
+    prefill = max_seqlen_q > SPLIT_KV_MAX_QUERY_LEN
     return select_config(
         info,
         head_k_pad=next_power_of_2(key_cache.shape[3]),
@@ -956,6 +1033,7 @@ def launch_config(
         kv_elem=key_cache.element_size(),
         q_elem=q.element_size(),
         split_kv=split_kv,
+        tma_page_size=_tma_page_size(key_cache, value_cache) if prefill else None,
     )
 
 
@@ -1025,13 +1103,34 @@ def paged_attention(
         if check_inputs:
             _check_workspace(workspace, q, num_q_heads, head_size_v)
         splits = min(splits, workspace.max_splits, workspace.max_rows // num_tokens)
-    if max_seqlen_q > SPLIT_KV_MAX_QUERY_LEN:
+    prefill = max_seqlen_q > SPLIT_KV_MAX_QUERY_LEN
+    if prefill:
         splits = 1  # prefill: its query blocks already fill the grid
+    # Only prefill configs take TMA tiles: decode launches skip the cache's layout checks.
+    tma_page = (
+        _tma_page_size(key_cache, value_cache)
+        if prefill or (config is not None and config.tma_tiles)
+        else None
+    )
     consts = _kernel_constants(
         device_index, q.dtype, key_cache.dtype, num_q_heads, num_kv_heads, head_size, head_size_v,
-        max_seqlen_q, splits > 1,
+        max_seqlen_q, splits > 1, tma_page,
     )  # fmt: skip
     cfg = consts.config if config is None else config
+    if cfg.tma_tiles:
+        if tma_page is None or tma_page % cfg.tile_n:
+            fail(
+                ValueError,
+                "config",
+                f"tma_tiles=False for this cache (TMA tiles need a 2-byte cache with heads in "
+                f"{TMA_HEAD_SIZES}, K and V views of the same strides, slots as 16-byte aligned "
+                f"rows, and a block size that is a multiple of tile_n = {cfg.tile_n})",
+                f"tma_tiles=True with a {key_cache.dtype} cache of shape "
+                f"{tuple(key_cache.shape)}, strides {key_cache.stride()}",
+            )
+        k_desc, v_desc = _tma_descriptors(key_cache, value_cache, cfg.tile_n)
+    else:
+        k_desc = v_desc = None
     dot_mode = 2 if consts.fp8_cache and cfg.fp8_dot_fp16 else consts.query_dot_mode
     v_pairs = consts.value_pairs if dot_mode == 2 and cfg.fp8_value_pairs else 0
     num_q_blocks = num_tokens // cfg.block_q + batch  # upper bound; surplus blocks exit at once
@@ -1076,18 +1175,18 @@ def paged_attention(
             sinks if sinks is not None else dummy_f32,
             k_scale if k_scale is not None else dummy_f32,
             v_scale if v_scale is not None else dummy_f32,
-            cu_seqlens_q, seq_lens, block_table,
+            cu_seqlens_q, seq_lens, block_table, k_desc, v_desc,
             batch, float(softmax_scale), float(softcap), int(sliding_window or 0),
             qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
             os_[0], os_[1], *lse_strides, *po_strides, *pl_strides,
             block_table.stride(0), splits, int(skip_fresh_from),
-            # constexprs, in signature order: GQA .. MERGE_IN_KERNEL
+            # constexprs, in signature order: GQA .. TMA_TILES
             consts.gqa, head_size, head_size_v, consts.head_k_pad, consts.head_v_pad,
             block_size, cfg.block_m, cfg.block_q, cfg.tile_n,
             splits > 1, bool(causal), sliding_window is not None,
             sinks is not None, softcap > 0.0, k_scale is not None,
             lse_out is not None, dot_mode, cfg.unmasked_interior, cfg.prefetch_pages, v_pairs,
-            merge_in_kernel,
+            merge_in_kernel, cfg.tma_tiles,
         ),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

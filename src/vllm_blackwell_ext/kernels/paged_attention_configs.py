@@ -79,6 +79,15 @@ DOUBLE_BUFFER_MIN_SMEM = 200_000
 # (`benchmarks/experiments/attn_prefill_configs.py`, `h200-attn-prefill-configs.txt`).
 PREFILL_WIDE_TILE_N = 128
 PREFILL_WIDE_STAGES = 2
+# Hopper, where a page holds whole 128-key tiles: each K/V tile is one TMA copy from the cache
+# instead of a cp.async gather, three tiles in flight. H100, Qwen3-8B shapes, TFLOP/s, pages of
+# 128, against the gathered 128 x 128 tiles at 2 stages on pages of 16 (and of 128)
+# (`benchmarks/experiments/attn_chunk_prefill_tma.py`, `h100-attn-chunk-prefill-tma.txt`): a 2k
+# chunk after 14k 370.8 (383.5) -> 450.8, 8k after 24k 400.1 (412.8) -> 490.9, 4 x 512 after
+# 7.5k 354.3 (367.7) -> 436.2. Pages of 64 with 64-key tiles did not gain (362.5), nor did
+# reading the block table one tile ahead (383.3 for the 2k chunk).
+PREFILL_TMA_STAGES = 3
+PREFILL_TMA_CLASSES: tuple[str, ...] = ("sm90",)
 
 
 @dataclass(frozen=True)
@@ -105,6 +114,8 @@ class AttnConfig:
     merge_in_kernel_max_splits: int = 0
     # Registers per thread the compiler may use (Triton's maxnreg); 0: its own choice.
     max_registers: int = 0
+    # Each K/V tile is one TMA copy of TILE_N slots of one page (pages a multiple of TILE_N).
+    tma_tiles: bool = False
 
     def smem_estimate(self, head_k_pad: int, head_v_pad: int, kv_elem: int, q_elem: int) -> int:
         """Bytes of shared memory the pipelined loop needs (what Triton allocates, roughly).
@@ -130,10 +141,13 @@ def select_config(
     kv_elem: int,
     q_elem: int = 2,
     split_kv: bool = False,
+    tma_page_size: int | None = None,
 ) -> AttnConfig:
     """Pick the kernel config for a launch; depends only on host-side ints (capture-safe).
 
-    `split_kv`: the launch splits the KV range (`plan_split_kv` > 1).
+    `split_kv`: the launch splits the KV range (`plan_split_kv` > 1). `tma_page_size`: the
+    cache's page size where TMA can read its tiles (`paged_attention`'s `_tma_page_size`), else
+    None.
     """
     head_max = max(head_k_pad, head_v_pad)
     gqa_pad = next_power_of_2(gqa)
@@ -199,6 +213,18 @@ def select_config(
     # outputs (`attn_fp8_pairs_wide_tiles.py`, `h200-attn-fp8-pairs-wide-tiles.txt`).
     pairs = block_m == 16
     in_kernel = MERGE_IN_KERNEL_MAX_SPLITS if block_m == 16 else 0
+    if (
+        big_smem
+        and prefill
+        and kv_elem == 2
+        and info.device_class in PREFILL_TMA_CLASSES
+        and tma_page_size
+        and tma_page_size % PREFILL_WIDE_TILE_N == 0
+    ):
+        return AttnConfig(
+            block_m, block_q, PREFILL_WIDE_TILE_N, num_warps, PREFILL_TMA_STAGES, True,
+            unmasked, False, pairs, tma_tiles=True,
+        )  # fmt: skip
     if big_smem and prefill and kv_elem == 2:
         return AttnConfig(
             block_m, block_q, PREFILL_WIDE_TILE_N, num_warps, PREFILL_WIDE_STAGES, True, unmasked,
@@ -223,6 +249,14 @@ def select_config(
         if cfg.smem_estimate(head_k_pad, head_v_pad, kv_elem, q_elem) <= limit:
             return cfg
     return cfg
+
+
+def preferred_block_size(device_class: str | None, default_block_size: int) -> int:
+    """The page size BWX_ATTN asks vLLM for on a device class (None: not a CUDA GPU) when the
+    user gives none: whole TMA prefill tiles where those are taken, else vLLM's default."""
+    if device_class in PREFILL_TMA_CLASSES:
+        return max(default_block_size, PREFILL_WIDE_TILE_N)
+    return default_block_size
 
 
 def plan_split_kv(
