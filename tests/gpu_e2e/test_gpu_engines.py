@@ -139,6 +139,27 @@ def test_bwx_attn_matches_flash_attn_within_vllm_backend_noise(engines):
     )
 
 
+PAGED_TMA_LOG = "BWX_ATTN: prefill reads the cache's 128-key tiles through TMA"
+
+
+def test_chunks_after_cached_context_read_whole_page_tiles_through_tma_on_hopper(engines):
+    # vLLM gives BWX_ATTN 128-token pages on Hopper (its preferred size) in whatever layout it
+    # resolves; prompt chunks after the first read their cached context as whole TMA tiles
+    # there, held to FLASH_ATTN by the tests above. fp8 caches gather.
+    import torch
+
+    from vllm_blackwell_ext.kernels.launch_cache import triton_version
+    from vllm_blackwell_ext.kernels.paged_attention_configs import PREFILL_TMA_MIN_TRITON
+
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    takes = hopper and triton_version() >= PREFILL_TMA_MIN_TRITON
+    for job in ("qwen3-bwx_attn", "qwen3-bwx_attn-paged", "sliding-bwx_attn"):
+        log = result_of(engines, job)["log"]
+        assert ("Setting kv cache block size to 128 for BWX_ATTN" in log) == hopper, job
+        assert (PAGED_TMA_LOG in log) == takes, job
+    assert PAGED_TMA_LOG not in result_of(engines, "qwen3-bwx_attn-fp8")["log"]
+
+
 def test_bwx_attn_fp8_cache_error_is_no_worse_than_vllm_own_fp8(engines):
     reference = result_of(engines, "qwen3-flash_attn")
     ours = teacher_forced_deltas(reference, result_of(engines, "qwen3-bwx_attn-fp8"))

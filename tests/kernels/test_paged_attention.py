@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 
 from vllm_blackwell_ext.kernels import paged_attention as pa
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
+from vllm_blackwell_ext.kernels.launch_cache import triton_version
 from vllm_blackwell_ext.kernels.paged_attention import (
     SUPPORTED_HEAD_SIZES,
     SplitKVWorkspace,
@@ -47,6 +48,7 @@ from vllm_blackwell_ext.kernels.paged_attention_configs import (
     FP8_PROGRAMS_PER_SM,
     MAX_SPLITS,
     MERGE_IN_KERNEL_MAX_SPLITS,
+    PREFILL_TMA_MIN_TRITON,
     PREFILL_WIDE_TILE_N,
     SPLIT_KV_MAX_QUERY_LEN,
     preferred_block_size,
@@ -488,9 +490,31 @@ def _fill_stale_slots(case: dict, value: float) -> None:
     value_cache[~live] = value
 
 
+# vLLM's physical layouts of one layer's [blocks, kv heads, slots, K + V] cache (the logical
+# view every backend gets): heads outside slots or within each slot's row, and a second layer
+# interleaved per block (block-outer layouts), as `allocate_kv_cache` lays them out.
+CACHE_LAYOUTS = ("HNC", "NHC", "BLNHC")
+
+
+def _relayout(case: dict, layout: str) -> None:
+    """`case`'s cache copied into `layout`, its K/V views replaced (same values)."""
+    key_cache, value_cache = case["key_cache"], case["value_cache"]
+    kv = torch.cat([key_cache, value_cache], dim=-1)  # [blocks, slots, heads, K + V]
+    if layout == "HNC":
+        return
+    if layout == "NHC":
+        physical = kv.contiguous()
+    else:  # two layers per block, this one the second
+        both = torch.stack([torch.zeros_like(kv), kv], dim=1).contiguous()
+        physical = both[:, 1]
+    head = key_cache.shape[3]
+    case["key_cache"], case["value_cache"] = physical.split([head, head], dim=-1)
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     reqs=st.lists(st.tuples(st.integers(17, 40), st.integers(0, 60)), min_size=1, max_size=3),
+    layout=st.sampled_from(CACHE_LAYOUTS),
     dtype=st.sampled_from([torch.bfloat16, torch.float16]),
     heads=st.sampled_from([(4, 2), (3, 1), (2, 2)]),
     tiles_per_page=st.sampled_from([1, 2]),
@@ -501,11 +525,14 @@ def _fill_stale_slots(case: dict, value: float) -> None:
     seed=st.integers(0, 2**16),
 )
 def test_tma_tiles_match_reference_with_stale_page_tails(
-    reqs, dtype, heads, tiles_per_page, causal, window, sinks, softcap, seed
+    reqs, layout, dtype, heads, tiles_per_page, causal, window, sinks, softcap, seed
 ):
     """Prefill tiles read through TMA (one copy of 16 slots of one page each for K and V, pages
-    of one or two tiles) give the reference's attention, and the stale slots a tile reads past
-    a request's keys (1e4 here) weigh nothing: causal or not, windows, sinks, softcap."""
+    of one or two tiles) give the reference's attention over each of vLLM's cache layouts, and
+    the stale slots a tile reads past a request's keys (1e4 here) weigh nothing: causal or not,
+    windows, sinks, softcap."""
+    if ON_GPU and triton_version() < PREFILL_TMA_MIN_TRITON:
+        pytest.skip("this Triton's ptxas crashes compiling TMA tiles (3.6); 3.7+ takes them")
     q_lens = [ql for ql, _ in reqs]
     seq_lens = [ql + ctx for ql, ctx in reqs]
     case = make_case(
@@ -513,6 +540,7 @@ def test_tma_tiles_match_reference_with_stale_page_tails(
         block_size=16 * tiles_per_page, dtype=dtype, seed=seed,
     )  # fmt: skip
     _fill_stale_slots(case, 1e4)
+    _relayout(case, layout)
     cfg = replace(
         launch_config(case["q"], case["key_cache"], case["value_cache"], max(q_lens)),
         block_m=32, block_q=32 // (heads[0] // heads[1]), tile_n=16, num_stages=2,
@@ -564,6 +592,9 @@ def test_hopper_prefill_takes_tma_tiles_on_pages_of_whole_tiles_only():
         )  # fmt: skip
 
     tma = cfg()
+    if triton_version() < PREFILL_TMA_MIN_TRITON:  # its ptxas crashes on these tiles
+        assert not tma.tma_tiles
+        return
     assert tma.tma_tiles and not tma.prefetch_pages
     assert (tma.block_m, tma.tile_n, tma.num_warps, tma.num_stages) == (128, 128, 8, 3)
     assert cfg(page=256).tma_tiles
@@ -577,6 +608,12 @@ def test_hopper_prefill_takes_tma_tiles_on_pages_of_whole_tiles_only():
     key_cache, value_cache = kv.transpose(1, 2).split(128, dim=-1)
     assert pa._tma_page_size(key_cache, value_cache) == 128
     assert pa._tma_page_size(key_cache, key_cache[:, :, :, :64]) is None  # strides differ
+    # heads within each slot's row (vLLM's ...NHC layouts), layers interleaved per block
+    for layers in (1, 3):
+        nhc = torch.zeros(4, layers, 128, 8, 256, dtype=torch.bfloat16)[:, -1]
+        assert pa._tma_page_size(*nhc.split(128, dim=-1)) == 128
+        assert pa._tma_grid(nhc[..., :128]) == (3 * layers * 128 + 128, 7 * 256 + 128)
+    assert pa._tma_grid(key_cache) == (3 * 8 * 128 + 7 * 128 + 128, 128)
 
 
 def test_pages_asked_of_vllm_hold_whole_tma_tiles_on_hopper_only():
@@ -935,16 +972,24 @@ def test_gpu_mixed_batch_every_head_and_block_size(head_size, block_size):
 @pytest.mark.parametrize("head_size", [64, 128])
 def test_gpu_hopper_prefill_reads_whole_page_tiles_through_tma(head_size):
     """On sm90, prefill over 128-token pages takes TMA tiles (bulk tensor copies in the PTX)
-    and gives the reference's attention with stale slots past the keys: chunks after cached
-    context, a fresh prompt, a decode row in the batch; 16-token pages gather."""
+    and gives the reference's attention with stale slots past the keys, heads outside slots or
+    within each slot's row with layers interleaved: chunks after cached context, a fresh
+    prompt, a decode row in the batch; 16-token pages gather."""
     if device_info("cuda").device_class != "sm90":
         pytest.skip("TMA prefill tiles are Hopper's; this GPU gathers every tile")
-    for block_size, takes_tma in ((128, True), (16, False)):
+    if triton_version() < PREFILL_TMA_MIN_TRITON:
+        pytest.skip("this Triton's ptxas crashes compiling TMA tiles (3.6); 3.7+ takes them")
+    for block_size, layout, takes_tma in (
+        (128, "HNC", True),
+        (128, "BLNHC", True),
+        (16, "HNC", False),
+    ):
         case = make_case(
             [700, 2048, 1, 300], [5000, 2048, 9000, 300], num_q_heads=32, num_kv_heads=8,
             head_size=head_size, block_size=block_size, dtype=torch.bfloat16, seed=head_size,
         )  # fmt: skip
         _fill_stale_slots(case, 1e4)
+        _relayout(case, layout)
         compiled: list = []
         assert_close(case, torch.bfloat16, softmax_scale=head_size**-0.5, compiled=compiled)
         assert ("cp.async.bulk.tensor" in compiled[0].asm["ptx"]) == takes_tma, block_size

@@ -56,10 +56,14 @@ from vllm_blackwell_ext.kernels.fresh_prefill import (
 from vllm_blackwell_ext.kernels.paged_attention import (
     SUPPORTED_HEAD_SIZES,
     SplitKVWorkspace,
+    launch_config,
     paged_attention,
     plan_split_kv,
 )
-from vllm_blackwell_ext.kernels.paged_attention_configs import preferred_block_size
+from vllm_blackwell_ext.kernels.paged_attention_configs import (
+    SPLIT_KV_MAX_QUERY_LEN,
+    preferred_block_size,
+)
 from vllm_blackwell_ext.kv_cache_dtypes import FP8_KV_CACHE_DTYPES
 
 # A child of vLLM's logger, so vLLM's handler and level (VLLM_LOGGING_LEVEL) apply to it.
@@ -426,6 +430,7 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
         # batch holding one: it depends on the cache dtype and the layer's overrides).
         self._takes_fresh_prefill: bool | None = None
         self._fresh_inputs_checked = False
+        self._prefill_reads_logged = False
 
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
         if self.sinks is not None and self.sinks.dtype != torch.float32:
@@ -579,6 +584,13 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
             skip_fresh_from=FRESH_PREFILL_MIN_QUERY_LEN if fresh else 0,
         )
         self._inputs_checked = True
+        if not self._prefill_reads_logged and attn_metadata.max_query_len > SPLIT_KV_MAX_QUERY_LEN:
+            self._prefill_reads_logged = True
+            cfg = launch_config(query, key_cache, value_cache, attn_metadata.max_query_len)
+            if cfg.tma_tiles:
+                logger.info_once(
+                    "BWX_ATTN: prefill reads the cache's %d-key tiles through TMA", cfg.tile_n
+                )
         if fresh:
             # The requests the paged kernel skipped, from this step's own K/V (the same values
             # the cache holds: a cache in the query's dtype is one condition of the layer).

@@ -64,7 +64,8 @@ def _launch_hooks_registered() -> bool:
     return False
 
 
-def _triton_version() -> tuple[int, int]:
+def triton_version() -> tuple[int, int]:
+    """(major, minor) of the Triton in use."""
     major, minor = triton.__version__.split(".")[:2]
     return int(major), int(minor)
 
@@ -82,7 +83,7 @@ class CachedLauncher:
         self._handles: dict[tuple, Any] = {}
         # Under TRITON_INTERPRET=1 `triton.jit` makes an InterpretedFunction: no handles.
         self.enabled = (
-            isinstance(kernel, triton.runtime.JITFunction) and _triton_version() >= _MIN_TRITON
+            isinstance(kernel, triton.runtime.JITFunction) and triton_version() >= _MIN_TRITON
         )
         self._tensors: Callable[[tuple], tuple] = _getter(())
         self._tensor_indices: tuple[int, ...] = ()

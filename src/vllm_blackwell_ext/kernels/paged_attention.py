@@ -124,6 +124,7 @@ def _attend_tiles(
     v_desc,
     page_rows,
     head_row,
+    head_col,
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     CAUSAL: tl.constexpr,
@@ -146,8 +147,9 @@ def _attend_tiles(
 
     With TMA_TILES, a tile is TILE_N slots of one page, read with one TMA copy each of K and V
     through `k_desc` / `v_desc` (the cache as 2D rows of slots: page p, this KV head, slot s at
-    row p * page_rows + head_row + s). Slots past the request's keys are read too and weighted
-    by P = 0, so they must be finite: vLLM allocates the cache zeroed and writes finite K/V.
+    row p * page_rows + head_row + s, column head_col). Slots past the request's keys are read
+    too and weighted by P = 0, so they must be finite: vLLM allocates the cache zeroed and
+    writes finite K/V.
     """
     offs_t = tl.arange(0, TILE_N)
     # PREFETCH_PAGES: each tile's pages are read from the block table one iteration ahead, so
@@ -167,7 +169,7 @@ def _attend_tiles(
             start = j * TILE_N
             tile_row = tl.load(bt_row + start // BLOCK_SIZE) * page_rows + head_row
             tile_row += start % BLOCK_SIZE
-            k = k_desc.load([tile_row, 0])
+            k = k_desc.load([tile_row, head_col])
         else:
             if PREFETCH_PAGES:
                 page = next_page.to(tl.int64)
@@ -207,7 +209,7 @@ def _attend_tiles(
         p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         if TMA_TILES:
-            v = v_desc.load([tile_row, 0])
+            v = v_desc.load([tile_row, head_col])
         else:
             v = tl.load(
                 v_head + page[:, None] * stride_vb + slot[:, None] * stride_vs + offs_dv[None, :],
@@ -393,10 +395,16 @@ def _paged_attn_kernel(
 
     bt_row = block_table_ptr + req.to(tl.int64) * stride_bt
     k_head = k_ptr + kv_head * stride_kh
-    # TMA_TILES: rows of slots per page, and this KV head's first row within a page (K and V
-    # views share their strides there, `_tma_page_size`).
+    # TMA_TILES: rows of slots per page, and where this KV head sits among them: rows of its
+    # own (vLLM's ...HNC layouts) or columns of each slot's row (...NHC). K and V views share
+    # their strides there (`_tma_page_size`).
     page_rows = stride_kb // stride_ks
-    head_row = kv_head * (stride_kh // stride_ks)
+    if stride_kh % stride_ks == 0:
+        head_row = kv_head * (stride_kh // stride_ks)
+        head_col = 0
+    else:
+        head_row = 0
+        head_col = kv_head * stride_kh
     if UNMASKED_INTERIOR:
         # Tiles every row of the block sees whole (past the window start of its last query,
         # up to the first query's own position) run without masks, in order between the
@@ -416,7 +424,7 @@ def _paged_attn_kernel(
     acc, acc_odd, l_i, m_i = _attend_tiles(
         acc, acc_odd, l_i, m_i, q, qk_scale, softcap, window, tile_lo, full_lo, k_hi, row_ok,
         q_pos, bt_row, k_head, v_head, stride_kb, stride_ks, stride_v_blk, stride_v_slot,
-        offs_dk, offs_v, dk_ok, v_ok, k_desc, v_desc, page_rows, head_row,
+        offs_dk, offs_v, dk_ok, v_ok, k_desc, v_desc, page_rows, head_row, head_col,
         BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, True, PREFETCH_PAGES, V_PAIRS,
         TMA_TILES,
     )  # fmt: skip
@@ -424,14 +432,14 @@ def _paged_attn_kernel(
         acc, acc_odd, l_i, m_i = _attend_tiles(
             acc, acc_odd, l_i, m_i, q, qk_scale, softcap, window, full_lo, full_hi, k_hi, row_ok,
             q_pos, bt_row, k_head, v_head, stride_kb, stride_ks, stride_v_blk, stride_v_slot,
-            offs_dk, offs_v, dk_ok, v_ok, k_desc, v_desc, page_rows, head_row,
+            offs_dk, offs_v, dk_ok, v_ok, k_desc, v_desc, page_rows, head_row, head_col,
             BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, False, PREFETCH_PAGES, V_PAIRS,
             TMA_TILES,
         )  # fmt: skip
         acc, acc_odd, l_i, m_i = _attend_tiles(
             acc, acc_odd, l_i, m_i, q, qk_scale, softcap, window, full_hi, tile_hi, k_hi, row_ok,
             q_pos, bt_row, k_head, v_head, stride_kb, stride_ks, stride_v_blk, stride_v_slot,
-            offs_dk, offs_v, dk_ok, v_ok, k_desc, v_desc, page_rows, head_row,
+            offs_dk, offs_v, dk_ok, v_ok, k_desc, v_desc, page_rows, head_row, head_col,
             BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, True, PREFETCH_PAGES, V_PAIRS,
             TMA_TILES,
         )  # fmt: skip
@@ -916,40 +924,53 @@ def _validate(
 def _tma_page_size(key_cache: torch.Tensor, value_cache: torch.Tensor) -> int | None:
     """The cache's page size where TMA can read its tiles (`AttnConfig.tma_tiles`), else None.
 
-    TMA reads a tile as a block of a 2D view whose rows are the cache's slots: a 2-byte cache
-    with heads in TMA_HEAD_SIZES, K and V views of the same strides (vLLM's layout), page and
-    head strides multiples of the slot stride, 16-byte aligned slots and start addresses, and
-    fewer than 2**31 rows (TMA coordinates are int32).
+    TMA reads a tile as a block of a 2D view whose rows are the cache's slots (`_tma_grid`): a
+    2-byte cache with heads in TMA_HEAD_SIZES, K and V views of the same strides (every vLLM
+    layout), a page stride that is a multiple of the slot stride, each KV head either rows of
+    its own or columns of each slot's row, 16-byte aligned slots and start addresses, and fewer
+    than 2**31 rows (TMA coordinates are int32).
     """
     if key_cache.element_size() != 2 or key_cache.shape[3] not in TMA_HEAD_SIZES:
         return None
     if value_cache.stride() != key_cache.stride() or value_cache.shape != key_cache.shape:
         return None
-    stride_page, stride_slot, stride_head, _ = key_cache.stride()
-    if stride_slot <= 0 or stride_page % stride_slot or stride_head % stride_slot:
+    grid = _tma_grid(key_cache)
+    if grid is None or grid[0] >= 2**31:
         return None
-    if (stride_slot * 2) % 16 or key_cache.data_ptr() % 16 or value_cache.data_ptr() % 16:
-        return None
-    if _tma_rows(key_cache) >= 2**31:
+    if (key_cache.stride(1) * 2) % 16 or key_cache.data_ptr() % 16 or value_cache.data_ptr() % 16:
         return None
     return key_cache.shape[1]
 
 
-def _tma_rows(cache: torch.Tensor) -> int:
-    """Rows of the 2D slot view of a cache (one past its last slot's row)."""
-    num_blocks, block_size, num_kv_heads, _ = cache.shape
+def _tma_grid(cache: torch.Tensor) -> tuple[int, int] | None:
+    """(rows, columns) of the 2D slot view TMA reads a cache through, None if it has none.
+
+    Row pitch is the slot stride. A page is `stride_page / stride_slot` rows; a KV head is
+    `stride_head / stride_slot` rows where its stride is a multiple of the slot stride (vLLM's
+    ...HNC layouts), else `stride_head` columns within each slot's row (...NHC); the kernel
+    finds the same split (`_paged_attn_kernel`).
+    """
+    num_blocks, block_size, num_kv_heads, head = cache.shape
     stride_page, stride_slot, stride_head, _ = cache.stride()
-    page_rows, head_rows = stride_page // stride_slot, stride_head // stride_slot
-    return (num_blocks - 1) * page_rows + (num_kv_heads - 1) * head_rows + block_size
+    if stride_slot <= 0 or stride_head <= 0 or stride_page % stride_slot:
+        return None
+    page_rows = stride_page // stride_slot
+    if stride_head % stride_slot == 0:
+        head_rows, columns = stride_head // stride_slot, head
+    elif (num_kv_heads - 1) * stride_head + head <= stride_slot:
+        head_rows, columns = 0, (num_kv_heads - 1) * stride_head + head
+    else:
+        return None
+    return (num_blocks - 1) * page_rows + (num_kv_heads - 1) * head_rows + block_size, columns
 
 
 def _tma_descriptors(
     key_cache: torch.Tensor, value_cache: torch.Tensor, tile_n: int
 ) -> tuple[TensorDescriptor, TensorDescriptor]:
-    """K and V as 2D [rows of slots, head] views, read TILE_N slots at a time."""
-    rows, head, stride_slot = _tma_rows(key_cache), key_cache.shape[3], key_cache.stride(1)
+    """K and V as 2D [rows of slots, columns] views, read [TILE_N, head] at a time."""
+    grid, head, stride_slot = _tma_grid(key_cache), key_cache.shape[3], key_cache.stride(1)
     k_desc, v_desc = (
-        TensorDescriptor(c, [rows, head], [stride_slot, 1], [tile_n, head])
+        TensorDescriptor(c, list(grid), [stride_slot, 1], [tile_n, head])
         for c in (key_cache, value_cache)
     )
     return k_desc, v_desc

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from .device import DeviceInfo
 from .host_ints import next_power_of_2
+from .launch_cache import triton_version
 
 # Query lengths up to this take the decode-shaped config and may be split along the KV axis:
 # decode (1), spec-verify and DFlash draft blocks (up to 16).
@@ -88,6 +89,9 @@ PREFILL_WIDE_STAGES = 2
 # reading the block table one tile ahead (383.3 for the 2k chunk).
 PREFILL_TMA_STAGES = 3
 PREFILL_TMA_CLASSES: tuple[str, ...] = ("sm90",)
+# Triton 3.6's bundled ptxas crashes compiling these tiles (error -11, H100, 128-key tiles of
+# head 64 and 128); 3.7.1 (vLLM 0.32's) compiles them without spills.
+PREFILL_TMA_MIN_TRITON = (3, 7)
 
 
 @dataclass(frozen=True)
@@ -218,6 +222,7 @@ def select_config(
         and prefill
         and kv_elem == 2
         and info.device_class in PREFILL_TMA_CLASSES
+        and triton_version() >= PREFILL_TMA_MIN_TRITON
         and tma_page_size
         and tma_page_size % PREFILL_WIDE_TILE_N == 0
     ):
