@@ -14,6 +14,10 @@ them (unlike vLLM 0.32, whose split path needs every query length to be 1). Sing
 split a few ways merges in the kernel instead: the last split of each (request, KV head) to
 finish, counted in an int32 counter it sets back to zero, merges them (one launch, not two).
 
+Prefill on Hopper over pages of whole 128-key tiles (`AttnConfig.tma_tiles`) reads each K/V
+tile with one TMA copy from the cache viewed as 2D rows of slots (`_tma_grid`) instead of a
+`cp.async` gather through the block table; every other launch gathers.
+
 Sliding window (Hugging Face convention, backward-only in both modes): query at absolute
 position p sees keys [p - W + 1, p] (causal) or [p - W + 1, seq_len) (non-causal). The tile
 loop starts at the first tile of the window of the block's first query, so whole tiles before
