@@ -498,10 +498,10 @@ CACHE_LAYOUTS = ("HNC", "NHC", "BLNHC")
 
 def _relayout(case: dict, layout: str) -> None:
     """`case`'s cache copied into `layout`, its K/V views replaced (same values)."""
+    if layout == "HNC":  # make_case's own layout
+        return
     key_cache, value_cache = case["key_cache"], case["value_cache"]
     kv = torch.cat([key_cache, value_cache], dim=-1)  # [blocks, slots, heads, K + V]
-    if layout == "HNC":
-        return
     if layout == "NHC":
         physical = kv.contiguous()
     else:  # two layers per block, this one the second
