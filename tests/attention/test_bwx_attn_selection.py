@@ -144,22 +144,23 @@ def test_sm75_refusal_lists_every_reason_at_once(cuda_platform, bwx_member, monk
         assert reason in str(excinfo.value)
 
 
-@pytest.mark.parametrize(
-    "capability, pages", [("sm80", 16), ("sm90", 128), ("sm100", 16), ("sm120", 16)]
-)
+@pytest.mark.parametrize("capability", SUPPORTED_CAPABILITIES)
 def test_vllm_gives_bwx_attn_whole_tma_tile_pages_on_hopper_only(
-    cuda_platform, monkeypatch, capability, pages
+    cuda_platform, monkeypatch, capability
 ):
     """Without --block-size vLLM (0.32-0.34) asks a lone backend
-    `get_preferred_block_size(CacheConfig.DEFAULT_BLOCK_SIZE)`: ours answers 128 (whole TMA
-    prefill tiles) on Hopper, vLLM's default elsewhere and on the CPU platform."""
+    `get_preferred_block_size(CacheConfig.DEFAULT_BLOCK_SIZE)` (16 in 0.32-0.33, 64 in 0.34):
+    ours answers 128 (whole TMA prefill tiles) on Hopper, vLLM's default elsewhere and on the
+    CPU platform."""
     from vllm.config import CacheConfig
 
     from vllm_blackwell_ext.attention import bwx_attn
+    from vllm_blackwell_ext.kernels.paged_attention_configs import PREFILL_WIDE_TILE_N
 
     default = CacheConfig.DEFAULT_BLOCK_SIZE
     assert bwx_attn.BwxAttentionBackend.get_preferred_block_size(default) == default  # CPU
     stub_capability(monkeypatch, cuda_platform, SUPPORTED_CAPABILITIES[capability])
     monkeypatch.setattr(bwx_attn, "current_platform", cuda_platform())
-    assert bwx_attn.BwxAttentionBackend.get_preferred_block_size(default) == pages
+    pages = bwx_attn.BwxAttentionBackend.get_preferred_block_size(default)
+    assert pages == (max(default, PREFILL_WIDE_TILE_N) if capability == "sm90" else default)
     assert bwx_attn.BwxAttentionBackend.supports_block_size(pages)
