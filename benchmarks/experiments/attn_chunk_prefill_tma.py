@@ -36,8 +36,8 @@ from benchmarks.experiments.attn_prefill_tma import (
     kv_views,
     make_inputs,
     query_blocks,
+    report_tma,
     tma_prefill,
-    tma_us,
 )
 from vllm_blackwell_ext.kernels.paged_attention import launch_config, paged_attention
 from vllm_blackwell_ext.reference.paged_attention import paged_attention_ref
@@ -121,18 +121,7 @@ def bench(only: str) -> None:
                     f"tma paged m={cfg.block_q * HQ // HKV} n={cfg.tile_n} w={cfg.num_warps} "
                     f"st={cfg.stages} readahead={int(cfg.readahead)}"
                 )
-                try:
-                    x.out.zero_()
-                    us = tma_us(x, cfg, None)
-                except Exception as e:  # a variant that does not compile: say so, go on
-                    print(f"{name}: page={page} {tag}: {type(e).__name__}: {str(e)[:300]}")
-                    continue
-                diff = (x.out.float() - ref.float()).abs().max().item()
-                print(
-                    f"{name}: page={page} {tag}: {us:.1f} us {flops / us / 1e6:.1f} TFLOP/s "
-                    f"(max |diff| vs shipped {diff:.1e})",
-                    flush=True,
-                )
+                report_tma(f"{name}: page={page} {tag}", x, cfg, None, ref, flops)
             del x, ref
             torch.cuda.empty_cache()
 

@@ -79,6 +79,31 @@ def _tile_row(bt_row, start, q_start, kv_head, NUM_KV_HEADS, PAGE: tl.constexpr)
 
 
 @triton.jit
+def _loop_row(
+    row_next,
+    bt_row,
+    start,
+    pos_last,
+    q_start,
+    kv_head,
+    NUM_KV_HEADS,
+    PAGE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    READAHEAD: tl.constexpr,
+):
+    """(descriptor row of the tile at key `start`, the row carried to the next iteration).
+
+    READAHEAD: the row was read one iteration ahead (a loop-carried value, so the TMA copy
+    does not wait on a load of its own iteration); the read past the last tile is clamped to
+    the block's last key, whose page exists. Otherwise it is read here.
+    """
+    if READAHEAD:
+        ahead = tl.minimum(start + TILE_N, pos_last)
+        return row_next, _tile_row(bt_row, ahead, q_start, kv_head, NUM_KV_HEADS, PAGE)
+    return _tile_row(bt_row, start, q_start, kv_head, NUM_KV_HEADS, PAGE), row_next
+
+
+@triton.jit
 def _tma_prefill_kernel(
     q_desc,  # q as [T, H, HEAD], block [BLOCK_Q, GQA, HEAD]
     # Paged: both the cache as 2D [num_blocks * HKV * PAGE, 2 * HEAD], block [TILE_N, HEAD].
@@ -148,18 +173,14 @@ def _tma_prefill_kernel(
     offs_n = tl.arange(0, TILE_N)
     # Keys past a row's position get -inf, so p = 0; the cache slots they read are finite
     # (written earlier, or zeros from allocation), so 0 x value adds nothing.
-    # READAHEAD: each tile's descriptor row comes from the block table one iteration ahead (a
-    # loop-carried value, so the TMA copy does not wait on a load of its own iteration). The
-    # read past the last tile is clamped to the block's last key, whose page exists.
+    # READAHEAD (`_loop_row`): each tile's row read one iteration ahead.
     row_next = _tile_row(bt_row, 0, q_start, kv_head, NUM_KV_HEADS, PAGE)
     for j in tl.range(0, full_hi, num_stages=STAGES, warp_specialize=WARP_SPEC):
         start = j * TILE_N
-        if READAHEAD:
-            row = row_next
-            ahead = tl.minimum(start + TILE_N, pos_last)
-            row_next = _tile_row(bt_row, ahead, q_start, kv_head, NUM_KV_HEADS, PAGE)
-        else:
-            row = _tile_row(bt_row, start, q_start, kv_head, NUM_KV_HEADS, PAGE)
+        row, row_next = _loop_row(
+            row_next, bt_row, start, pos_last, q_start, kv_head, NUM_KV_HEADS, PAGE, TILE_N,
+            READAHEAD,
+        )  # fmt: skip
         k = k_desc.load([row, k_col])
         v = v_desc.load([row, v_col])
         visible = (start + offs_n)[None, :] <= q_pos[:, None]
@@ -167,12 +188,10 @@ def _tma_prefill_kernel(
     if not SINGLE_LOOP:
         for j in tl.range(full_hi, tile_hi):
             start = j * TILE_N
-            if READAHEAD:
-                row = row_next
-                ahead = tl.minimum(start + TILE_N, pos_last)
-                row_next = _tile_row(bt_row, ahead, q_start, kv_head, NUM_KV_HEADS, PAGE)
-            else:
-                row = _tile_row(bt_row, start, q_start, kv_head, NUM_KV_HEADS, PAGE)
+            row, row_next = _loop_row(
+                row_next, bt_row, start, pos_last, q_start, kv_head, NUM_KV_HEADS, PAGE, TILE_N,
+                READAHEAD,
+            )  # fmt: skip
             k = k_desc.load([row, k_col])
             v = v_desc.load([row, v_col])
             visible = (start + offs_n)[None, :] <= q_pos[:, None]
@@ -368,6 +387,23 @@ def tma_us(x: Inputs, cfg: TmaConfig, contig) -> float:
     )
 
 
+def report_tma(
+    label: str, x: Inputs, cfg: TmaConfig, contig, ref: torch.Tensor, flops: float
+) -> None:
+    """Time one TMA variant and print its line (time, TFLOP/s, gap to the shipped output)."""
+    try:
+        x.out.zero_()
+        us = tma_us(x, cfg, contig)
+    except Exception as e:  # a variant that does not compile: say so, go on
+        print(f"{label}: {type(e).__name__}: {str(e)[:300]}")
+        return
+    diff = (x.out.float() - ref.float()).abs().max().item()
+    print(
+        f"{label}: {us:.1f} us {flops / us / 1e6:.1f} TFLOP/s (max |diff| vs shipped {diff:.1e})",
+        flush=True,
+    )
+
+
 def bench(only: str) -> None:
     for name, lens in CASES:
         if only not in name:
@@ -393,18 +429,7 @@ def bench(only: str) -> None:
                     f"w={cfg.num_warps} st={cfg.stages} one_loop={int(cfg.single_loop)} "
                     f"ws={int(cfg.warp_spec)}"
                 )
-                try:
-                    x.out.zero_()
-                    us = tma_us(x, cfg, contig)
-                except Exception as e:  # a variant that does not compile: say so, go on
-                    print(f"{name}: page={page} {tag}: {type(e).__name__}: {str(e)[:300]}")
-                    continue
-                diff = (x.out.float() - ref.float()).abs().max().item()
-                print(
-                    f"{name}: page={page} {tag}: {us:.1f} us {flops / us / 1e6:.1f} TFLOP/s "
-                    f"(max |diff| vs shipped {diff:.1e})",
-                    flush=True,
-                )
+                report_tma(f"{name}: page={page} {tag}", x, cfg, contig, ref, flops)
             del x, ref, contig
             torch.cuda.empty_cache()
 
