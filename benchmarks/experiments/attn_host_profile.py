@@ -1,11 +1,14 @@
 """Where the host time of one eager `paged_attention` call goes (H200 experiment).
 
-For a decode batch and a draft block it prints, per call, without synchronising: the whole
-call with and without input checks, without them through Triton's binder instead of cached
-handles (`kernels/launch_cache.py`), the bare launch of the same compiled handle three ways
-(tensors through the handle's runner, addresses through it, addresses straight into
-`handle.run`: the floor below which only Triton's C launcher and the driver remain), a few
-torch view ops for scale, and the top of a cProfile of the call.
+For decode batches, a draft block and mixed batches (pages of 16, and of 128 where a Hopper
+prefill reads TMA tiles) it prints, per call, without synchronising: the whole call with and
+without input checks, without them through Triton's binder instead of cached handles
+(`kernels/launch_cache.py`), with TMA descriptors encoded by Triton on every launch instead
+of once per cache (where the launch has descriptors), the bare launch of the same compiled
+handle three or four ways (tensors through the handle's runner, addresses through it,
+addresses straight into `handle.run`: the floor below which only Triton's C launcher and the
+driver remain; and descriptors encoded once), a few torch view ops for scale, and the top of
+a cProfile of the call.
 
     python benchmarks/experiments/attn_host_profile.py
 """
@@ -40,16 +43,16 @@ def bare_launches(call) -> None:
     real_launch = launcher.launch
 
     def spy(grid, args, **kw):
-        seen.append((grid, args))
-        return real_launch(grid, args, **kw)
+        handle = real_launch(grid, args, **kw)
+        seen.append((grid, args, handle))
+        return handle
 
     launcher.launch = spy
     try:
         call()
     finally:
         del launcher.launch
-    grid, args = seen[-1]
-    handle = next(iter(launcher._handles.values()))
+    grid, args, handle = seen[-1]
     stream = torch.cuda.current_stream().cuda_stream
     addrs = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
     run = handle.run
@@ -63,11 +66,17 @@ def bare_launches(call) -> None:
     def addresses_run():
         run(*grid, stream, handle.function, handle.packed_metadata, None, None, None, *addrs)
 
-    for name, fn in (
+    ways = [
         ("bare: tensors, handle[grid]", tensors_runner),
         ("bare: addresses, handle[grid]", addresses_runner),
         ("bare: addresses, handle.run", addresses_run),
-    ):
+    ]
+    descriptor_launch = launcher._descriptor_launches.get(id(handle))
+    if descriptor_launch is not None:
+        ways.append(
+            ("bare: descriptors encoded once", lambda: descriptor_launch(grid, stream, addrs))
+        )
+    for name, fn in ways:
         print(f"  {name:34s} {per_call_us(fn):7.1f} us/call")
 
 
@@ -76,6 +85,8 @@ def main() -> None:
         Case("decode bf16 B=64 ctx=32k", 64, 32768, 1),
         Case("decode fp8 B=64 ctx=32k", 64, 32768, 1, fp8=True),
         Case("draft W=2048 q=16 B=1 ctx=4k", 1, 4096, 16, False, window=2048),
+        Case("mixed 2k chunk + 63 decodes ctx=8k", 64, 8192, 1, prefill=2048),
+        Case("mixed 2k chunk + 63 decodes ctx=8k page=128", 64, 8192, 1, prefill=2048, page=128),
     ]
     for c in cases:
         x = Inputs(c)
@@ -93,6 +104,10 @@ def main() -> None:
         print(f"  unchecked, Triton's binder    {per_call_us(unchecked):7.1f} us/call")
         for launcher in launchers:
             launcher.enabled = True
+        if any(pa._ATTN_LAUNCHER._descriptor_launches.values()):
+            pa._ATTN_LAUNCHER.encode_descriptors_once = False
+            print(f"  unchecked, encoded per launch {per_call_us(unchecked):7.1f} us/call")
+            pa._ATTN_LAUNCHER.encode_descriptors_once = True
 
         def views(q=x.q, kv=x.kv):
             return q[:64], q[:64], kv.transpose(1, 2).split([128, 128], -1)

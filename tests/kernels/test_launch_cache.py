@@ -17,7 +17,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from vllm_blackwell_ext.kernels.launch_cache import CachedLauncher
+from vllm_blackwell_ext.kernels import launch_cache
+from vllm_blackwell_ext.kernels.launch_cache import CachedLauncher, triton_version
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="compiled handles exist only on a CUDA GPU")
@@ -130,6 +131,91 @@ def test_tensor_descriptor_launches_reencode_each_call_and_key_on_block_and_dtyp
     if ON_GPU:
         # New data through the same handle; a new block shape, then a new dtype, each compile.
         assert counts == [1, 1, 2, 3]
+
+
+@gpu_only
+def test_descriptor_encodings_follow_the_tensor_address_and_view() -> None:
+    """Where descriptors are encoded once (Triton 3.7), a launch still reads what its
+    descriptor names: new contents at a known address, another address, another view."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("TMA descriptors need sm90+")
+    launcher = CachedLauncher(_tile_copy_kernel)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    src = torch.randn(256, 64, device="cuda", generator=gen).half()
+
+    def run(view: torch.Tensor) -> None:
+        out = torch.full_like(view, float("nan"))
+        desc = TensorDescriptor(view, list(view.shape), [view.stride(0), 1], [32, 64])
+        launcher.launch(
+            (view.shape[0] // 32, 1, 1), (desc, out, out.stride(0), 32, 64),
+            num_warps=4, num_stages=2,
+        )  # fmt: skip
+        torch.testing.assert_close(out, view, rtol=0, atol=0)
+
+    run(src[:128])  # compiles through Triton
+    run(src[:128])
+    src[:128].normal_(generator=gen)  # same address and view, new contents
+    run(src[:128])
+    run(src[128:])  # another address
+    run(src[:64])  # the first address, fewer rows
+    (handle,) = launcher._handles.values()
+    descriptor_launch = launcher._descriptor_launches[id(handle)]
+    if triton_version() == launch_cache._DESCRIPTOR_LAUNCH_TRITON:
+        assert descriptor_launch is not None and len(descriptor_launch._encodings) == 3
+    else:
+        assert descriptor_launch is None
+
+
+class _StubRun:
+    """What `_DescriptorLaunch` reads from a handle's launcher."""
+
+    launch_cooperative_grid, launch_pdl = False, False
+    arg_annotations, kernel_signature = "annotations", "signature"
+
+
+class _StubHandle:
+    def __init__(self, tensordesc_meta: list) -> None:
+        self.run = _StubRun()
+        self.function, self.packed_metadata = "function", "packed"
+        self.metadata = type("Metadata", (), {"tensordesc_meta": tensordesc_meta})
+
+
+def test_descriptor_launch_encodes_each_descriptor_once_per_address_and_view(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Two descriptors amid other arguments: each is replaced in place by its encoding, which
+    # is made once per (position, address, shape, strides) and dropped oldest first.
+    monkeypatch.setattr(launch_cache, "_MAX_ENCODINGS", 3)
+    encoded: list[tuple] = []
+    launched: list[tuple] = []
+
+    def encode(d: TensorDescriptor, meta: str) -> list:
+        encoded.append((d.base.data_ptr(), tuple(d.shape), meta))
+        return [f"map{len(encoded)}", *d.shape, *d.strides]
+
+    def c_launch(*args) -> None:
+        launched.append(args)
+
+    launch = launch_cache._DescriptorLaunch(
+        _StubHandle(["k-meta", "v-meta"]), (1, 3), encode, c_launch
+    )
+    a, b = torch.zeros(64, 32, dtype=torch.float16), torch.zeros(64, 32, dtype=torch.float16)
+
+    def descriptors(t: torch.Tensor, rows: int = 64) -> tuple:
+        return tuple(TensorDescriptor(t, [rows, 32], [32, 1], [16, 32]) for _ in range(2))
+
+    k, v = descriptors(a)
+    launch((2, 1, 1), 7, (100, k, 200, v, 300))
+    assert launched[-1] == (
+        2, 1, 1, 7, "function", False, False, "packed", None, None, None, None, None,
+        "annotations", "signature", [100, "map1", 64, 32, 32, 1, 200, "map2", 64, 32, 32, 1, 300],
+    )  # fmt: skip
+    launch((2, 1, 1), 7, (101, *descriptors(a)[:1], 201, descriptors(a)[1], 301))
+    assert len(encoded) == 2  # same addresses and views: the encodings of the first launch
+    assert launched[-1][-1][1] == "map1" and launched[-1][-1][7] == "map2"
+    launch((1, 1, 1), 7, (100, descriptors(b)[0], 200, descriptors(a, 32)[1], 300))
+    assert encoded[2:] == [(b.data_ptr(), (64, 32), "k-meta"), (a.data_ptr(), (32, 32), "v-meta")]
+    assert len(launch._encodings) == 3  # the oldest of four was dropped
 
 
 def test_register_cap_launches_under_the_interpreter_too(device: str) -> None:

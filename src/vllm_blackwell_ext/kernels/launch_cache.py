@@ -13,16 +13,23 @@ block shape, the value of every constexpr and specialised int, the int width of 
 the launch options), so a cached handle is reused only where Triton would have picked the
 same binary; any other call goes through Triton once and its handle joins the cache. A
 cached launch calls the handle's C launcher itself with each tensor's address as an int
-(which the key has already read; descriptors go as they are, and the launcher encodes each)
-and the current stream of the tensors' device: Triton's handle would otherwise call
-`data_ptr()` and ask the driver about every pointer again (`cuPointerGetAttribute`), look
-the device and stream up in Python and build launch metadata for hooks that, unless a
-profiler registered one, do nothing (H200 host, one decode launch: 18.2 us with tensors
-through `handle[grid]`, 13.0 with addresses, 8.5 with addresses straight into the C
-launcher). While a launch hook is registered (Triton's profilers), launches go through
-`handle[grid]` so the hooks see them. Under the CPU interpreter (no compiled handles) and on
-Triton older than 3.4 (whose launchers take arguments differently) every call goes through
-Triton.
+(which the key has already read) and the current stream of the tensors' device: Triton's
+handle would otherwise call `data_ptr()` and ask the driver about every pointer again
+(`cuPointerGetAttribute`), look the device and stream up in Python and build launch metadata
+for hooks that, unless a profiler registered one, do nothing (H200 host, one decode launch:
+18.2 us with tensors through `handle[grid]`, 13.0 with addresses, 8.5 with addresses
+straight into the C launcher). While a launch hook is registered (Triton's profilers),
+launches go through `handle[grid]` so the hooks see them. Under the CPU interpreter (no
+compiled handles) and on Triton older than 3.4 (whose launchers take arguments differently)
+every call goes through Triton.
+
+TMA tensor descriptors: Triton's launcher encodes each one (a `CUtensorMap`) on every launch,
+in a Python loop over all the kernel's arguments. A descriptor's encoding depends only on its
+tensor's address, shape and strides and on what the handle compiled (block shape, element
+type, swizzle), so `_DescriptorLaunch` encodes each once per handle and address and calls the
+C launcher with the encoded arguments. That follows the layout of Triton 3.7's CUDA launcher
+(`triton/backends/nvidia/driver.py`), which differs in 3.6 and 3.8: on any other Triton,
+descriptors go to the handle as they are and Triton encodes them per launch.
 """
 
 from __future__ import annotations
@@ -42,6 +49,11 @@ _MIN_TRITON = (3, 4)
 # pass num_stages explicitly, so the cache keys on what Triton compiles with.
 DEFAULT_NUM_STAGES = 3
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+# The Triton whose CUDA launcher `_DescriptorLaunch` calls with encoded descriptors.
+_DESCRIPTOR_LAUNCH_TRITON = (3, 7)
+# Encodings kept per handle before the oldest are dropped: a KV cache's K and V per layer
+# stay, while descriptors of per-step tensors (queries) come and go.
+_MAX_ENCODINGS = 1024
 
 
 def _getter(indices: Sequence[int]) -> Callable[[tuple], tuple]:
@@ -70,6 +82,68 @@ def triton_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+class _DescriptorLaunch:
+    """Launches one compiled handle with its TMA descriptors encoded once per address and view.
+
+    `positions` are the arguments that hold descriptors in this handle's signature (the others
+    go as given, tensors as addresses); `encode` is Triton's per-launch encoder and `c_launch`
+    its C launcher. Built only where Triton 3.7's launcher layout holds (`for_handle`); a
+    launch does what the handle's own does.
+    """
+
+    def __init__(
+        self, handle: Any, positions: tuple[int, ...], encode: Callable, c_launch: Callable
+    ) -> None:
+        run = handle.run
+        self._function, self._metadata = handle.function, handle.packed_metadata
+        self._flags = (run.launch_cooperative_grid, run.launch_pdl)
+        self._signature = (run.arg_annotations, run.kernel_signature)
+        self._c_launch = c_launch
+        self._positions = positions
+        self._meta = handle.metadata.tensordesc_meta
+        self._encode = encode
+        self._encodings: dict[tuple, list] = {}
+
+    @classmethod
+    def for_handle(cls, handle: Any, args: tuple) -> _DescriptorLaunch | None:
+        """The launch for `handle` (first called with `args`), or None where it does not apply:
+        no descriptor, another Triton, descriptors not lowered to TMA, or launch scratch."""
+        positions = tuple(i for i, a in enumerate(args) if isinstance(a, TensorDescriptor))
+        if not positions or triton_version() != _DESCRIPTOR_LAUNCH_TRITON:
+            return None
+        run, meta = handle.run, getattr(handle.metadata, "tensordesc_meta", None)
+        if not meta or len(meta) != len(positions) or any(m is None for m in meta):
+            return None
+        if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+            return None
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+
+        c_launch = triton.runtime.driver.active.utils.launch
+        return cls(handle, positions, make_tensordesc_arg, c_launch)
+
+    def _encoded(self, n: int, d: TensorDescriptor) -> list:
+        key = (n, d.base.data_ptr(), *d.shape, *d.strides, d.round_f32_to_tf32)
+        encoded = self._encodings.get(key)
+        if encoded is None:
+            if len(self._encodings) >= _MAX_ENCODINGS:
+                del self._encodings[next(iter(self._encodings))]
+            encoded = self._encodings[key] = self._encode(d, self._meta[n])
+        return encoded
+
+    def __call__(self, grid: tuple, stream: int, args: tuple) -> None:
+        kernel_args: list = []
+        start = 0
+        for n, p in enumerate(self._positions):
+            kernel_args += args[start:p]
+            kernel_args += self._encoded(n, args[p])
+            start = p + 1
+        kernel_args += args[start:]
+        self._c_launch(
+            grid[0], grid[1], grid[2], stream, self._function, *self._flags, self._metadata,
+            None, None, None, None, None, *self._signature, kernel_args,
+        )  # fmt: skip
+
+
 class CachedLauncher:
     """Launches one `@triton.jit` kernel, reusing compiled handles across calls.
 
@@ -81,6 +155,10 @@ class CachedLauncher:
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
         self._handles: dict[tuple, Any] = {}
+        # By id of the handle (cheaper to hash than its key): handles live as long as this.
+        self._descriptor_launches: dict[int, _DescriptorLaunch | None] = {}
+        # Whether descriptors are encoded once per address (`_DescriptorLaunch`) where it applies.
+        self.encode_descriptors_once = True
         # Under TRITON_INTERPRET=1 `triton.jit` makes an InterpretedFunction: no handles.
         self.enabled = (
             isinstance(kernel, triton.runtime.JITFunction) and triton_version() >= _MIN_TRITON
@@ -178,13 +256,17 @@ class CachedLauncher:
             # Through Triton: it checks every pointer, compiles or finds the binary.
             handle = self._through_triton(grid, args, num_warps, num_stages, max_registers)
             self._handles[key] = handle
+            self._descriptor_launches[id(handle)] = _DescriptorLaunch.for_handle(handle, args)
             self._current_stream = triton.runtime.driver.active.get_current_stream
             return handle
         device = tensors[0].get_device() if tensors else torch.cuda.current_device()
         stream = self._current_stream(device)
         addressed = self._with_addresses(args, ptrs)
+        descriptor_launch = self._descriptor_launches[id(handle)]
         if _launch_hooks_registered():
             handle[grid](*addressed, stream=stream)
+        elif descriptor_launch is not None and self.encode_descriptors_once:
+            descriptor_launch(grid, stream, addressed)
         else:
             # What `handle[grid]` runs, without the launch metadata only hooks read.
             handle.run(
