@@ -73,9 +73,11 @@ def _softmax_step(acc, l_i, m_i, q, k, v, s_mask, MASKED: tl.constexpr, qk_scale
 def _tile_row(bt_row, start, q_start, kv_head, NUM_KV_HEADS, PAGE: tl.constexpr):
     """Descriptor row of key `start`: in the paged cache, or (PAGE == 0) in the chunk's K/V."""
     if PAGE == 0:
-        return q_start + start
-    page = tl.load(bt_row + start // PAGE)
-    return (page * NUM_KV_HEADS + kv_head) * PAGE + start % PAGE
+        row = q_start + start
+    else:
+        page = tl.load(bt_row + start // PAGE)
+        row = (page * NUM_KV_HEADS + kv_head) * PAGE + start % PAGE
+    return row
 
 
 @triton.jit
@@ -448,7 +450,7 @@ def compile_only(capability: int) -> None:
             consts = dict(
                 NUM_KV_HEADS=HKV, GQA=HQ // HKV, HEAD=D, BLOCK_Q=cfg.block_q, TILE_N=cfg.tile_n,
                 PAGE=page, STAGES=cfg.stages, SINGLE_LOOP=cfg.single_loop,
-                WARP_SPEC=cfg.warp_spec, DOT_FP32=False,
+                WARP_SPEC=cfg.warp_spec, DOT_FP32=False, READAHEAD=cfg.readahead,
             )  # fmt: skip
             ptrs = ("out_ptr", "cu_q_ptr", "seq_lens_ptr", "block_table_ptr", "work_ptr")
             sig = {n: "constexpr" for n in consts}
