@@ -28,6 +28,10 @@ out=$1
 shift
 mkdir -p "$out"
 status=0
+# The host's CPU (model, AMX / AVX-512 flags): GPU machines are the one place an Intel AMX host
+# may come, which the CPU test path has to meet too.
+python -c 'from vllm_blackwell_ext.host_cpu import cpu_summary_line as h; print("[gpu_verify] host CPU:", h())' ||
+  grep -m1 "model name" /proc/cpuinfo
 for step in "$@"; do
   echo "[gpu_verify] $step starts at $(date +%T)"
   case $step in
