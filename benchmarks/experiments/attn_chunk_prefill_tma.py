@@ -7,7 +7,15 @@ cache, and the shipped kernel gathers those tiles with `cp.async` through the bl
 `h100-paged-attention.md`). Where a page holds whole key tiles (64 or 128 tokens), each tile is
 one TMA copy from the cache viewed as 2D rows. This times, on the same values and in one run:
 the shipped kernel at pages of 16, 64 and 128, and `attn_prefill_tma.py`'s TMA kernel over the
-paged cache, with the block-table read in the tile's own iteration or one iteration ahead.
+paged cache, with the block-table read in the tile's own iteration, one iteration ahead, or a
+batch of pages at a time ahead of an inner key loop (`page_batch`).
+
+Why batches: compiled offline for sm90 (Triton 3.7.1, 128 x 128 tiles on 8 warps, 3 stages
+asked), the kernel that reads each tile's page id in the tile's own iteration holds two K/V
+buffers (131,092 B of shared memory), where the same kernel over contiguous K/V holds three
+(196,632 B); with page ids read 16 or 64 pages at a time it holds three again (196,632 B),
+at 244 registers against 252. The dependent block-table read keeps Triton's pipeliner a stage
+short. `python benchmarks/experiments/attn_prefill_tma.py --compile-only` prints those.
 
     python benchmarks/experiments/attn_chunk_prefill_tma.py [--only SUBSTR]
     TRITON_INTERPRET=1 python benchmarks/experiments/attn_chunk_prefill_tma.py --check
@@ -56,6 +64,8 @@ TMA_CONFIGS = (
     TmaConfig(32, 64, 8, 3, readahead=True), TmaConfig(32, 64, 8, 4, readahead=True),
     TmaConfig(32, 128, 8, 2), TmaConfig(32, 128, 8, 3),
     TmaConfig(32, 128, 8, 2, readahead=True), TmaConfig(32, 128, 8, 3, readahead=True),
+    TmaConfig(32, 128, 8, 3, page_batch=16), TmaConfig(32, 128, 8, 3, page_batch=64),
+    TmaConfig(32, 64, 8, 3, page_batch=32), TmaConfig(32, 128, 8, 2, page_batch=64),
 )  # fmt: skip
 
 
@@ -64,9 +74,14 @@ def check() -> None:
     device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
     cases = [([40, 70], 32, 50, TmaConfig(8, 16, 4, 2, readahead=ra)) for ra in (False, True)]
     cases += [([33, 5], 64, 100, TmaConfig(4, 32, 4, 3, readahead=True))]
+    # Batches of 2 pages: several batches per request, the last one partly past its pages.
+    cases += [([40, 70], 32, 150, TmaConfig(8, 16, 4, 2, page_batch=2))]
+    cases += [([33, 5], 64, 100, TmaConfig(4, 32, 4, 3, page_batch=4))]
     if device == "cuda":
         cases += [([1000, 300], 128, 3000, TmaConfig(32, 128, 8, 3, readahead=True))]
         cases += [([1000, 300], 64, 3000, TmaConfig(32, 64, 8, 4, readahead=True))]
+        cases += [([1000, 300], 128, 3000, TmaConfig(32, 128, 8, 3, page_batch=4))]
+        cases += [([1000, 300], 128, 30000, TmaConfig(32, 128, 8, 3, page_batch=64))]
     for lens, page, ctx, cfg in cases:
         d = 64 if device == "cpu" else 128
         x = make_inputs(lens, page, device, hq=8, hkv=2, d=d, ctx=ctx)
@@ -119,7 +134,7 @@ def bench(only: str) -> None:
                     continue
                 tag = (
                     f"tma paged m={cfg.block_q * HQ // HKV} n={cfg.tile_n} w={cfg.num_warps} "
-                    f"st={cfg.stages} readahead={int(cfg.readahead)}"
+                    f"st={cfg.stages} readahead={int(cfg.readahead)} page_batch={cfg.page_batch}"
                 )
                 report_tma(f"{name}: page={page} {tag}", x, cfg, None, ref, flops)
             del x, ref

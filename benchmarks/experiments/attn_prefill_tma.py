@@ -106,6 +106,13 @@ def _loop_row(
 
 
 @triton.jit
+def _page_row(pages, offs_pb, index, start, kv_head, NUM_KV_HEADS, PAGE: tl.constexpr):
+    """Descriptor row of key `start`, whose page id is `pages[index]` (a register vector)."""
+    page = tl.sum(tl.where(offs_pb == index, pages, 0))
+    return (page * NUM_KV_HEADS + kv_head) * PAGE + start % PAGE
+
+
+@triton.jit
 def _tma_prefill_kernel(
     q_desc,  # q as [T, H, HEAD], block [BLOCK_Q, GQA, HEAD]
     # Paged: both the cache as 2D [num_blocks * HKV * PAGE, 2 * HEAD], block [TILE_N, HEAD].
@@ -132,6 +139,7 @@ def _tma_prefill_kernel(
     WARP_SPEC: tl.constexpr,
     DOT_FP32: tl.constexpr,
     READAHEAD: tl.constexpr = False,  # paged: block-table reads one tile ahead
+    PAGE_BATCH: tl.constexpr = 0,  # paged, > 0: page ids read this many at a time (`_page_row`)
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GQA
     # No search loop and no early return before the key loop: Triton 3.6's Hopper warp
@@ -177,16 +185,36 @@ def _tma_prefill_kernel(
     # (written earlier, or zeros from allocation), so 0 x value adds nothing.
     # READAHEAD (`_loop_row`): each tile's row read one iteration ahead.
     row_next = _tile_row(bt_row, 0, q_start, kv_head, NUM_KV_HEADS, PAGE)
-    for j in tl.range(0, full_hi, num_stages=STAGES, warp_specialize=WARP_SPEC):
-        start = j * TILE_N
-        row, row_next = _loop_row(
-            row_next, bt_row, start, pos_last, q_start, kv_head, NUM_KV_HEADS, PAGE, TILE_N,
-            READAHEAD,
-        )  # fmt: skip
-        k = k_desc.load([row, k_col])
-        v = v_desc.load([row, v_col])
-        visible = (start + offs_n)[None, :] <= q_pos[:, None]
-        acc, l_i, m_i = _softmax_step(acc, l_i, m_i, q, k, v, visible, SINGLE_LOOP, qk_scale)
+    if PAGE_BATCH > 0:
+        # The page ids of PAGE_BATCH pages in one vector load ahead of an inner key loop, so
+        # no tile's copy waits on a block-table read of its own (the pipelined loop computes
+        # its rows from registers); the pipeline drains once per batch.
+        TILES_PER_PAGE: tl.constexpr = PAGE // TILE_N
+        BATCH_TILES: tl.constexpr = PAGE_BATCH * TILES_PER_PAGE
+        offs_pb = tl.arange(0, PAGE_BATCH)
+        num_pages = (ctx_len + q_len + PAGE - 1) // PAGE
+        for b0 in range(0, full_hi, BATCH_TILES):
+            p0 = b0 // TILES_PER_PAGE
+            pages = tl.load(bt_row + p0 + offs_pb, mask=p0 + offs_pb < num_pages, other=0)
+            for t in tl.range(0, tl.minimum(full_hi - b0, BATCH_TILES), num_stages=STAGES):
+                start = (b0 + t) * TILE_N
+                row = _page_row(pages, offs_pb, t // TILES_PER_PAGE, start, kv_head,
+                                NUM_KV_HEADS, PAGE)  # fmt: skip
+                k = k_desc.load([row, k_col])
+                v = v_desc.load([row, v_col])
+                visible = (start + offs_n)[None, :] <= q_pos[:, None]
+                acc, l_i, m_i = _softmax_step(acc, l_i, m_i, q, k, v, visible, False, qk_scale)
+    else:
+        for j in tl.range(0, full_hi, num_stages=STAGES, warp_specialize=WARP_SPEC):
+            start = j * TILE_N
+            row, row_next = _loop_row(
+                row_next, bt_row, start, pos_last, q_start, kv_head, NUM_KV_HEADS, PAGE,
+                TILE_N, READAHEAD,
+            )  # fmt: skip
+            k = k_desc.load([row, k_col])
+            v = v_desc.load([row, v_col])
+            visible = (start + offs_n)[None, :] <= q_pos[:, None]
+            acc, l_i, m_i = _softmax_step(acc, l_i, m_i, q, k, v, visible, SINGLE_LOOP, qk_scale)
     if not SINGLE_LOOP:
         for j in tl.range(full_hi, tile_hi):
             start = j * TILE_N
@@ -216,6 +244,7 @@ class TmaConfig:
     single_loop: bool = False
     warp_spec: bool = False  # needs single_loop (Triton 3.6's Hopper pass fails otherwise)
     readahead: bool = False  # paged: each tile's page read one iteration ahead
+    page_batch: int = 0  # paged, > 0: page ids read this many at a time, ahead of the tiles
 
 
 def query_blocks(cu: torch.Tensor, block_q: int) -> torch.Tensor:
@@ -235,6 +264,8 @@ def tma_prefill(
     head = two_d // 2
     gqa = q.shape[1] // hkv
     if contig is not None:
+        if cfg.readahead or cfg.page_batch:
+            raise ValueError(f"cfg: a contiguous read has no pages to read ahead, got {cfg}")
         page = 0
         k_desc, v_desc = (
             TensorDescriptor.from_tensor(t.view(t.shape[0], hkv * head), [cfg.tile_n, head])
@@ -242,6 +273,8 @@ def tma_prefill(
         )
     elif page % cfg.tile_n:
         raise ValueError(f"page: a multiple of tile_n={cfg.tile_n} expected, got {page}")
+    elif cfg.page_batch and (cfg.single_loop or cfg.readahead):
+        raise ValueError(f"cfg: page_batch without single_loop or readahead expected, got {cfg}")
     else:
         cache = kv.view(nb * hkv * page, two_d)
         k_desc = v_desc = TensorDescriptor.from_tensor(cache, [cfg.tile_n, head])
@@ -251,7 +284,8 @@ def tma_prefill(
         out.stride(0), out.stride(1), block_table.stride(0),
         NUM_KV_HEADS=hkv, GQA=gqa, HEAD=head, BLOCK_Q=cfg.block_q, TILE_N=cfg.tile_n,
         PAGE=page, STAGES=cfg.stages, SINGLE_LOOP=cfg.single_loop, WARP_SPEC=cfg.warp_spec,
-        DOT_FP32=q.device.type == "cpu", READAHEAD=cfg.readahead, num_warps=cfg.num_warps,
+        DOT_FP32=q.device.type == "cpu", READAHEAD=cfg.readahead, PAGE_BATCH=cfg.page_batch,
+        num_warps=cfg.num_warps,
     )  # fmt: skip
 
 
@@ -344,6 +378,8 @@ TMA_CONFIGS = (
     TmaConfig(16, 128, 4, 2, True, True), TmaConfig(16, 64, 4, 2, True, True),
     TmaConfig(16, 128, 4, 3, True, True), TmaConfig(16, 64, 4, 4, True, True),
 )  # fmt: skip
+# Variants of the paged read only (`attn_chunk_prefill_tma.py` times them).
+PAGED_CONFIGS = (TmaConfig(32, 128, 8, 3, readahead=True), TmaConfig(32, 128, 8, 3, page_batch=16))
 CASES = (("prefill causal B=1 L=8k", [8192]), ("prefill causal B=4 L=4k", [4096] * 4))
 
 
@@ -436,7 +472,9 @@ def bench(only: str) -> None:
             torch.cuda.empty_cache()
 
 
-def compile_only(capability: int) -> None:
+def compile_only(
+    capability: int, configs: tuple[TmaConfig, ...] = TMA_CONFIGS + PAGED_CONFIGS
+) -> None:
     """Each TMA config (paged, pages of 128; and contiguous) compiled offline for `capability`."""
     import re
 
@@ -446,11 +484,14 @@ def compile_only(capability: int) -> None:
     print(f"# triton {triton.__version__}, offline compile for sm{capability}")
     k = _tma_prefill_kernel
     for page in (128, 0):
-        for cfg in TMA_CONFIGS:
+        for cfg in configs:
+            if page == 0 and (cfg.readahead or cfg.page_batch):
+                continue  # paged variants
             consts = dict(
                 NUM_KV_HEADS=HKV, GQA=HQ // HKV, HEAD=D, BLOCK_Q=cfg.block_q, TILE_N=cfg.tile_n,
                 PAGE=page, STAGES=cfg.stages, SINGLE_LOOP=cfg.single_loop,
                 WARP_SPEC=cfg.warp_spec, DOT_FP32=False, READAHEAD=cfg.readahead,
+                PAGE_BATCH=cfg.page_batch,
             )  # fmt: skip
             ptrs = ("out_ptr", "cu_q_ptr", "seq_lens_ptr", "block_table_ptr", "work_ptr")
             sig = {n: "constexpr" for n in consts}
@@ -463,7 +504,8 @@ def compile_only(capability: int) -> None:
             tag = (
                 f"{'contiguous' if page == 0 else 'paged'} m={cfg.block_q * HQ // HKV} "
                 f"n={cfg.tile_n} w={cfg.num_warps} st={cfg.stages} "
-                f"one_loop={int(cfg.single_loop)} ws={int(cfg.warp_spec)}"
+                f"one_loop={int(cfg.single_loop)} ws={int(cfg.warp_spec)} "
+                f"readahead={int(cfg.readahead)} page_batch={cfg.page_batch}"
             )
             try:
                 c = triton.compile(
@@ -477,7 +519,8 @@ def compile_only(capability: int) -> None:
             caps = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", c.asm["ptx"])
             print(
                 f"{tag}: warps {c.metadata.num_warps}, shared {c.metadata.shared} B, "
-                f"maxnreg {sorted({int(n) for _, n in caps}, reverse=True) or '-'}",
+                f"maxnreg {sorted({int(n) for _, n in caps}, reverse=True) or '-'}, "
+                f"TMA copies in the PTX {c.asm['ptx'].count('cp.async.bulk.tensor')}",
                 flush=True,
             )
 
