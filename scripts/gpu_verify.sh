@@ -17,13 +17,16 @@
 #               and fp8, against the table (mla-tma-row-tiles.txt)
 #   host        benchmarks/experiments/attn_host_profile.py: where an eager call's host time goes
 #               (attn-host-profile.txt)
+#   chunk-tma   benchmarks/experiments/attn_chunk_prefill_tma.py: its check, then prefill over
+#               cached context with TMA-read pages, page ids read per tile, ahead, or in
+#               batches, against the shipped kernel (attn-chunk-prefill-tma.txt)
 #
 #   scripts/gpu_verify.sh OUT_DIR tests attention mla gather paged mla-decode
 #
 # OUT_DIR gets the pytest logs, the engine tests' summary.md and the benchmark results; each
 # engine's figures are written as soon as it finishes, so a run cut short keeps those.
 set -uo pipefail
-[[ $# -ge 2 ]] || { sed -n '2,24p' "$0"; exit 2; }
+[[ $# -ge 2 ]] || { sed -n '2,27p' "$0"; exit 2; }
 out=$1
 shift
 mkdir -p "$out"
@@ -72,6 +75,12 @@ for step in "$@"; do
     host)
       python benchmarks/experiments/attn_host_profile.py > "$out/attn-host-profile.txt" 2>&1 ||
         status=1
+      ;;
+    chunk-tma)
+      { python benchmarks/experiments/attn_chunk_prefill_tma.py --check &&
+        python benchmarks/experiments/attn_chunk_prefill_tma.py; } \
+        > "$out/attn-chunk-prefill-tma.txt" 2>&1 || status=1
+      tail -n 5 "$out/attn-chunk-prefill-tma.txt"
       ;;
     *)
       echo "[gpu_verify] unknown step: $step" >&2
