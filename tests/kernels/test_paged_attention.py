@@ -518,6 +518,7 @@ def _relayout(case: dict, layout: str) -> None:
     dtype=st.sampled_from([torch.bfloat16, torch.float16]),
     heads=st.sampled_from([(4, 2), (3, 1), (2, 2)]),
     tiles_per_page=st.sampled_from([1, 2]),
+    page_batch=st.sampled_from([0, 1, 2]),
     causal=st.booleans(),
     window=st.one_of(st.none(), st.integers(1, 40)),
     sinks=st.booleans(),
@@ -525,12 +526,13 @@ def _relayout(case: dict, layout: str) -> None:
     seed=st.integers(0, 2**16),
 )
 def test_tma_tiles_match_reference_with_stale_page_tails(
-    reqs, layout, dtype, heads, tiles_per_page, causal, window, sinks, softcap, seed
+    reqs, layout, dtype, heads, tiles_per_page, page_batch, causal, window, sinks, softcap, seed
 ):
     """Prefill tiles read through TMA (one copy of 16 slots of one page each for K and V, pages
     of one or two tiles) give the reference's attention over each of vLLM's cache layouts, and
     the stale slots a tile reads past a request's keys (1e4 here) weigh nothing: causal or not,
-    windows, sinks, softcap."""
+    windows, sinks, softcap; page ids read per tile or one or two pages at a time (batches
+    that start mid-page under a window and end past a request's pages)."""
     if ON_GPU and triton_version() < PREFILL_TMA_MIN_TRITON:
         pytest.skip("this Triton's ptxas crashes compiling TMA tiles (3.6); 3.7+ takes them")
     q_lens = [ql for ql, _ in reqs]
@@ -544,7 +546,7 @@ def test_tma_tiles_match_reference_with_stale_page_tails(
     cfg = replace(
         launch_config(case["q"], case["key_cache"], case["value_cache"], max(q_lens)),
         block_m=32, block_q=32 // (heads[0] // heads[1]), tile_n=16, num_stages=2,
-        prefetch_pages=False, tma_tiles=True,
+        prefetch_pages=False, tma_tiles=True, tma_page_batch=page_batch,
     )  # fmt: skip
     g = torch.Generator().manual_seed(seed)
     assert_close(
@@ -568,6 +570,9 @@ def test_tma_tiles_are_refused_for_a_cache_they_cannot_read():
     paged_attention(*args, **kw, config=cfg)  # whole 16-slot tiles: accepted
     with pytest.raises(ValueError, match="config: expected tma_tiles=False .* tile_n = 32"):
         paged_attention(*args, **kw, config=replace(cfg, tile_n=32))  # tiles span two pages
+    for bad in (replace(cfg, tma_page_batch=3), replace(cfg, tma_tiles=False, tma_page_batch=2)):
+        with pytest.raises(ValueError, match="config: expected tma_page_batch 0, or a power of"):
+            paged_attention(*args, **kw, config=bad)
     fp8 = make_case(
         [20], [50], num_q_heads=4, num_kv_heads=2, head_size=64, block_size=16,
         dtype=torch.float16, kv_dtype=torch.float8_e4m3fn,
@@ -974,7 +979,8 @@ def test_gpu_hopper_prefill_reads_whole_page_tiles_through_tma(head_size):
     """On sm90, prefill over 128-token pages takes TMA tiles (bulk tensor copies in the PTX)
     and gives the reference's attention with stale slots past the keys, heads outside slots or
     within each slot's row with layers interleaved: chunks after cached context, a fresh
-    prompt, a decode row in the batch; 16-token pages gather."""
+    prompt, a decode row in the batch; page ids read per tile or 4 and 64 pages at a time;
+    16-token pages gather."""
     if device_info("cuda").device_class != "sm90":
         pytest.skip("TMA prefill tiles are Hopper's; this GPU gathers every tile")
     if triton_version() < PREFILL_TMA_MIN_TRITON:
@@ -993,6 +999,13 @@ def test_gpu_hopper_prefill_reads_whole_page_tiles_through_tma(head_size):
         compiled: list = []
         assert_close(case, torch.bfloat16, softmax_scale=head_size**-0.5, compiled=compiled)
         assert ("cp.async.bulk.tensor" in compiled[0].asm["ptx"]) == takes_tma, block_size
+        if takes_tma:
+            cfg = launch_config(case["q"], case["key_cache"], case["value_cache"], 2048)
+            for page_batch in (4, 64):
+                assert_close(
+                    case, torch.bfloat16, softmax_scale=head_size**-0.5,
+                    config=replace(cfg, tma_page_batch=page_batch),
+                )  # fmt: skip
 
 
 @gpu_only

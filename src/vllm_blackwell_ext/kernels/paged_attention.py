@@ -99,6 +99,60 @@ def _find_request(cu_q_ptr, q_block_idx, batch, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _tile_probs(
+    s,
+    m_i,
+    l_i,
+    key_pos,
+    key_ok,
+    row_ok,
+    q_pos,
+    softcap,
+    window,
+    CAUSAL: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """One key tile's online-softmax step on its scores `s`: (p, alpha, l_i, m_new)."""
+    if USE_SOFTCAP:
+        # softcap * tanh(s / softcap), tanh from exp for portability (interpreter, Triton 3.6)
+        y = s / softcap
+        e = tl.exp(-2.0 * tl.abs(y))
+        t = (1.0 - e) / (1.0 + e)
+        s = softcap * tl.where(y < 0, -t, t) * 1.4426950408889634
+    if MASKED:
+        visible = row_ok[:, None] & key_ok[None, :]
+        if CAUSAL:
+            visible = visible & (key_pos[None, :] <= q_pos[:, None])
+        if USE_WINDOW:
+            visible = visible & (key_pos[None, :] > q_pos[:, None] - window)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row with nothing visible yet keeps -inf; subtracting 0 gives exp2(-inf) = 0.
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = m_new
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, l_i, m_new
+
+
+@triton.jit
+def _tile_accumulate(acc, acc_odd, p, alpha, v, q, V_PAIRS: tl.constexpr):
+    """acc (and acc_odd) rescaled by alpha plus p @ v; (acc, acc_odd)."""
+    if V_PAIRS == 0:
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None])
+    else:
+        pd = p.to(tl.float16)
+        acc = tl.dot(pd, widen_fp8_pairs(v, 0, V_PAIRS), acc * alpha[:, None])
+        acc_odd = tl.dot(pd, widen_fp8_pairs(v, 1, V_PAIRS), acc_odd * alpha[:, None])
+    return acc, acc_odd
+
+
+@triton.jit
 def _attend_tiles(
     acc,
     acc_odd,
@@ -138,6 +192,7 @@ def _attend_tiles(
     PREFETCH_PAGES: tl.constexpr,
     V_PAIRS: tl.constexpr,
     TMA_TILES: tl.constexpr,
+    TMA_PAGE_BATCH: tl.constexpr,
 ):
     """Online softmax over key tiles [tile_lo, tile_hi); returns (acc, acc_odd, l_i, m_i).
 
@@ -153,80 +208,137 @@ def _attend_tiles(
     through `k_desc` / `v_desc` (the cache as 2D rows of slots: page p, this KV head, slot s at
     row p * page_rows + head_row + s, column head_col). Slots past the request's keys are read
     too and weighted by P = 0, so they must be finite: vLLM allocates the cache zeroed and
-    writes finite K/V.
+    writes finite K/V. TMA_PAGE_BATCH > 0 reads the page ids of that many pages in one vector
+    load ahead of an inner loop over their tiles (`_attend_tma_page_batches`).
     """
-    offs_t = tl.arange(0, TILE_N)
-    # PREFETCH_PAGES: each tile's pages are read from the block table one iteration ahead, so
-    # its K/V loads depend on a loop-carried value, not on a load of the same iteration.
-    next_pos = tile_lo * TILE_N + offs_t
-    next_page = tl.zeros([TILE_N], tl.int32)
-    if PREFETCH_PAGES:
-        next_page = tl.load(bt_row + next_pos // BLOCK_SIZE, mask=next_pos < k_hi, other=0)
-    for j in range(tile_lo, tile_hi):
-        key_pos = j * TILE_N + offs_t
-        if MASKED:
+    if TMA_TILES and TMA_PAGE_BATCH > 0:
+        acc, acc_odd, l_i, m_i = _attend_tma_page_batches(
+            acc, acc_odd, l_i, m_i, q, qk_scale, softcap, window, tile_lo, tile_hi, k_hi, row_ok,
+            q_pos, bt_row, k_desc, v_desc, page_rows, head_row, head_col, BLOCK_SIZE, TILE_N,
+            CAUSAL, USE_WINDOW, USE_SOFTCAP, MASKED, V_PAIRS, TMA_PAGE_BATCH,
+        )  # fmt: skip
+    else:
+        offs_t = tl.arange(0, TILE_N)
+        # PREFETCH_PAGES: each tile's pages are read from the block table one iteration ahead, so
+        # its K/V loads depend on a loop-carried value, not on a load of the same iteration.
+        next_pos = tile_lo * TILE_N + offs_t
+        next_page = tl.zeros([TILE_N], tl.int32)
+        if PREFETCH_PAGES:
+            next_page = tl.load(bt_row + next_pos // BLOCK_SIZE, mask=next_pos < k_hi, other=0)
+        for j in range(tile_lo, tile_hi):
+            key_pos = j * TILE_N + offs_t
             key_ok = key_pos < k_hi
-            kv_ok = key_ok[:, None]
-        else:
-            kv_ok = tl.full([TILE_N, 1], True, tl.int1)
-        if TMA_TILES:
-            start = j * TILE_N
-            tile_row = tl.load(bt_row + start // BLOCK_SIZE) * page_rows + head_row
-            tile_row += start % BLOCK_SIZE
-            k = k_desc.load([tile_row, head_col])
-        else:
-            if PREFETCH_PAGES:
-                page = next_page.to(tl.int64)
-                next_pos = key_pos + TILE_N
-                next_page = tl.load(bt_row + next_pos // BLOCK_SIZE, mask=next_pos < k_hi, other=0)
-            elif MASKED:
-                page = tl.load(bt_row + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+            if MASKED:
+                kv_ok = key_ok[:, None]
             else:
-                page = tl.load(bt_row + key_pos // BLOCK_SIZE).to(tl.int64)
-            slot = key_pos % BLOCK_SIZE
-            k = tl.load(
-                k_head + page[:, None] * stride_kb + slot[:, None] * stride_ks + offs_dk[None, :],
-                mask=kv_ok & dk_ok[None, :],
-                other=0.0,
-            )
-        s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
-        if USE_SOFTCAP:
-            # softcap * tanh(s / softcap), tanh from exp for portability (interpreter, Triton 3.6)
-            y = s / softcap
-            e = tl.exp(-2.0 * tl.abs(y))
-            t = (1.0 - e) / (1.0 + e)
-            s = softcap * tl.where(y < 0, -t, t) * 1.4426950408889634
-        if MASKED:
-            visible = row_ok[:, None] & key_ok[None, :]
-            if CAUSAL:
-                visible = visible & (key_pos[None, :] <= q_pos[:, None])
-            if USE_WINDOW:
-                visible = visible & (key_pos[None, :] > q_pos[:, None] - window)
-            s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            # A row with nothing visible yet keeps -inf; subtracting 0 gives exp2(-inf) = 0.
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_use = m_new
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if TMA_TILES:
+                kv_ok = tl.full([TILE_N, 1], True, tl.int1)
+            if TMA_TILES:
+                start = j * TILE_N
+                tile_row = tl.load(bt_row + start // BLOCK_SIZE) * page_rows + head_row
+                tile_row += start % BLOCK_SIZE
+                k = k_desc.load([tile_row, head_col])
+            else:
+                if PREFETCH_PAGES:
+                    page = next_page.to(tl.int64)
+                    next_pos = key_pos + TILE_N
+                    next_page = tl.load(
+                        bt_row + next_pos // BLOCK_SIZE, mask=next_pos < k_hi, other=0
+                    )
+                elif MASKED:
+                    page = tl.load(bt_row + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(
+                        tl.int64
+                    )
+                else:
+                    page = tl.load(bt_row + key_pos // BLOCK_SIZE).to(tl.int64)
+                slot = key_pos % BLOCK_SIZE
+                k = tl.load(
+                    k_head
+                    + page[:, None] * stride_kb
+                    + slot[:, None] * stride_ks
+                    + offs_dk[None, :],
+                    mask=kv_ok & dk_ok[None, :],
+                    other=0.0,
+                )
+            s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
+            p, alpha, l_i, m_new = _tile_probs(
+                s, m_i, l_i, key_pos, key_ok, row_ok, q_pos, softcap, window, CAUSAL, USE_WINDOW,
+                USE_SOFTCAP, MASKED,
+            )  # fmt: skip
+            if TMA_TILES:
+                v = v_desc.load([tile_row, head_col])
+            else:
+                v = tl.load(
+                    v_head
+                    + page[:, None] * stride_vb
+                    + slot[:, None] * stride_vs
+                    + offs_dv[None, :],
+                    mask=kv_ok & dv_ok[None, :],
+                    other=0.0,
+                )
+            acc, acc_odd = _tile_accumulate(acc, acc_odd, p, alpha, v, q, V_PAIRS)
+            m_i = m_new
+    return acc, acc_odd, l_i, m_i
+
+
+@triton.jit
+def _attend_tma_page_batches(
+    acc,
+    acc_odd,
+    l_i,
+    m_i,
+    q,
+    qk_scale,
+    softcap,
+    window,
+    tile_lo,
+    tile_hi,
+    k_hi,
+    row_ok,
+    q_pos,
+    bt_row,
+    k_desc,
+    v_desc,
+    page_rows,
+    head_row,
+    head_col,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    MASKED: tl.constexpr,
+    V_PAIRS: tl.constexpr,
+    PAGE_BATCH: tl.constexpr,
+):
+    """`_attend_tiles` over TMA tiles, the page ids of PAGE_BATCH pages read in one vector load
+    ahead of an inner loop over their tiles: no tile's copy then waits on a block-table read
+    of its own iteration, which keeps Triton's pipeliner a stage short (offline sm90 compile,
+    Triton 3.7.1: two K/V buffers per tile read, three batched). The pipeline drains once per
+    batch."""
+    TILES_PER_PAGE: tl.constexpr = BLOCK_SIZE // TILE_N
+    offs_t = tl.arange(0, TILE_N)
+    offs_pb = tl.arange(0, PAGE_BATCH)
+    num_pages = (k_hi + BLOCK_SIZE - 1) // BLOCK_SIZE  # the pages holding keys below k_hi
+    page_lo = tile_lo // TILES_PER_PAGE
+    page_hi = (tile_hi + TILES_PER_PAGE - 1) // TILES_PER_PAGE
+    for p0 in range(page_lo, page_hi, PAGE_BATCH):
+        pages = tl.load(bt_row + p0 + offs_pb, mask=p0 + offs_pb < num_pages, other=0)
+        j_lo = tl.maximum(p0 * TILES_PER_PAGE, tile_lo)
+        j_hi = tl.minimum((p0 + PAGE_BATCH) * TILES_PER_PAGE, tile_hi)
+        for j in range(j_lo, j_hi):
+            start = j * TILE_N
+            key_pos = start + offs_t
+            page = tl.sum(tl.where(offs_pb == j // TILES_PER_PAGE - p0, pages, 0))
+            tile_row = page * page_rows + head_row + start % BLOCK_SIZE
+            k = k_desc.load([tile_row, head_col])
+            s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
+            p, alpha, l_i, m_new = _tile_probs(
+                s, m_i, l_i, key_pos, key_pos < k_hi, row_ok, q_pos, softcap, window, CAUSAL,
+                USE_WINDOW, USE_SOFTCAP, MASKED,
+            )  # fmt: skip
             v = v_desc.load([tile_row, head_col])
-        else:
-            v = tl.load(
-                v_head + page[:, None] * stride_vb + slot[:, None] * stride_vs + offs_dv[None, :],
-                mask=kv_ok & dv_ok[None, :],
-                other=0.0,
-            )
-        if V_PAIRS == 0:
-            acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None])
-        else:
-            pd = p.to(tl.float16)
-            acc = tl.dot(pd, widen_fp8_pairs(v, 0, V_PAIRS), acc * alpha[:, None])
-            acc_odd = tl.dot(pd, widen_fp8_pairs(v, 1, V_PAIRS), acc_odd * alpha[:, None])
-        m_i = m_new
+            acc, acc_odd = _tile_accumulate(acc, acc_odd, p, alpha, v, q, V_PAIRS)
+            m_i = m_new
     return acc, acc_odd, l_i, m_i
 
 
@@ -309,6 +421,7 @@ def _paged_attn_kernel(
     V_PAIRS: tl.constexpr,  # 0, or the `fp8_pairs` mode the fp8 value tiles are read in
     MERGE_IN_KERNEL: tl.constexpr,  # SPLIT_KV: the last split to finish merges (no merge kernel)
     TMA_TILES: tl.constexpr,  # K/V tiles of one page each, one TMA copy (AttnConfig.tma_tiles)
+    TMA_PAGE_BATCH: tl.constexpr,  # TMA_TILES: page ids read this many at a time, or 0
 ):
     pid_q = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -430,7 +543,7 @@ def _paged_attn_kernel(
         q_pos, bt_row, k_head, v_head, stride_kb, stride_ks, stride_v_blk, stride_v_slot,
         offs_dk, offs_v, dk_ok, v_ok, k_desc, v_desc, page_rows, head_row, head_col,
         BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, True, PREFETCH_PAGES, V_PAIRS,
-        TMA_TILES,
+        TMA_TILES, TMA_PAGE_BATCH,
     )  # fmt: skip
     if UNMASKED_INTERIOR:
         acc, acc_odd, l_i, m_i = _attend_tiles(
@@ -438,14 +551,14 @@ def _paged_attn_kernel(
             q_pos, bt_row, k_head, v_head, stride_kb, stride_ks, stride_v_blk, stride_v_slot,
             offs_dk, offs_v, dk_ok, v_ok, k_desc, v_desc, page_rows, head_row, head_col,
             BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, False, PREFETCH_PAGES, V_PAIRS,
-            TMA_TILES,
+            TMA_TILES, TMA_PAGE_BATCH,
         )  # fmt: skip
         acc, acc_odd, l_i, m_i = _attend_tiles(
             acc, acc_odd, l_i, m_i, q, qk_scale, softcap, window, full_hi, tile_hi, k_hi, row_ok,
             q_pos, bt_row, k_head, v_head, stride_kb, stride_ks, stride_v_blk, stride_v_slot,
             offs_dk, offs_v, dk_ok, v_ok, k_desc, v_desc, page_rows, head_row, head_col,
             BLOCK_SIZE, TILE_N, CAUSAL, USE_WINDOW, USE_SOFTCAP, True, PREFETCH_PAGES, V_PAIRS,
-            TMA_TILES,
+            TMA_TILES, TMA_PAGE_BATCH,
         )  # fmt: skip
 
     if V_PAIRS != 0:
@@ -1142,6 +1255,14 @@ def paged_attention(
         max_seqlen_q, splits > 1, tma_page,
     )  # fmt: skip
     cfg = consts.config if config is None else config
+    batch_pages = cfg.tma_page_batch
+    if batch_pages and (not cfg.tma_tiles or batch_pages & (batch_pages - 1) or batch_pages < 0):
+        fail(
+            ValueError,
+            "config",
+            "tma_page_batch 0, or a power of two with tma_tiles=True",
+            f"tma_page_batch={batch_pages} with tma_tiles={cfg.tma_tiles}",
+        )
     if cfg.tma_tiles:
         if tma_page is None or tma_page % cfg.tile_n:
             fail(
@@ -1205,13 +1326,13 @@ def paged_attention(
             qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
             os_[0], os_[1], *lse_strides, *po_strides, *pl_strides,
             block_table.stride(0), splits, int(skip_fresh_from),
-            # constexprs, in signature order: GQA .. TMA_TILES
+            # constexprs, in signature order: GQA .. TMA_PAGE_BATCH
             consts.gqa, head_size, head_size_v, consts.head_k_pad, consts.head_v_pad,
             block_size, cfg.block_m, cfg.block_q, cfg.tile_n,
             splits > 1, bool(causal), sliding_window is not None,
             sinks is not None, softcap > 0.0, k_scale is not None,
             lse_out is not None, dot_mode, cfg.unmasked_interior, cfg.prefetch_pages, v_pairs,
-            merge_in_kernel, cfg.tma_tiles,
+            merge_in_kernel, cfg.tma_tiles, batch_pages,
         ),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

@@ -120,6 +120,13 @@ class AttnConfig:
     max_registers: int = 0
     # Each K/V tile is one TMA copy of TILE_N slots of one page (pages a multiple of TILE_N).
     tma_tiles: bool = False
+    # With TMA tiles: > 0 reads the page ids of this many pages (a power of two) in one vector
+    # load ahead of an inner loop over their tiles, instead of one block-table read in each
+    # tile's iteration (0). Offline (sm90, Triton 3.7.1, head 128) that keeps three K/V stages
+    # in shared memory where the per-tile read keeps two (230,400 vs 164,864 B; 209-214 vs 255
+    # registers: `offline-attn-tma-page-batch.txt`). Not yet timed on a GPU, so no table entry
+    # takes it.
+    tma_page_batch: int = 0
 
     def smem_estimate(self, head_k_pad: int, head_v_pad: int, kv_elem: int, q_elem: int) -> int:
         """Bytes of shared memory the pipelined loop needs (what Triton allocates, roughly).
