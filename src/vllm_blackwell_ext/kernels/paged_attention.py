@@ -311,10 +311,10 @@ def _attend_tma_page_batches(
     PAGE_BATCH: tl.constexpr,
 ):
     """`_attend_tiles` over TMA tiles, the page ids of PAGE_BATCH pages read in one vector load
-    ahead of an inner loop over their tiles: no tile's copy then waits on a block-table read
-    of its own iteration, which keeps Triton's pipeliner a stage short (offline sm90 compile,
-    Triton 3.7.1: two K/V buffers per tile read, three batched). The pipeline drains once per
-    batch."""
+    ahead of an inner loop over their tiles. A block-table read in each tile's own iteration
+    keeps Triton's pipeliner a stage short (offline sm90 compile, Triton 3.7.1: two K/V
+    buffers that way, three batched); here no tile's copy waits on one. The pipeline drains
+    once per batch."""
     TILES_PER_PAGE: tl.constexpr = BLOCK_SIZE // TILE_N
     offs_t = tl.arange(0, TILE_N)
     offs_pb = tl.arange(0, PAGE_BATCH)
