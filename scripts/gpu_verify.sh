@@ -20,13 +20,15 @@
 #   chunk-tma   benchmarks/experiments/attn_chunk_prefill_tma.py: its check, then prefill over
 #               cached context with TMA-read pages, page ids read per tile, ahead, or in
 #               batches, against the shipped kernel (attn-chunk-prefill-tma.txt)
+#   ncu         benchmarks/profile_ncu.py under Nsight Compute: speed of light, occupancy, pipe
+#               use and stall reasons of each row short of its goal (ncu-missed-goals.txt)
 #
 #   scripts/gpu_verify.sh OUT_DIR tests attention mla gather paged mla-decode
 #
 # OUT_DIR gets the pytest logs, the engine tests' summary.md and the benchmark results; each
 # engine's figures are written as soon as it finishes, so a run cut short keeps those.
 set -uo pipefail
-[[ $# -ge 2 ]] || { sed -n '2,27p' "$0"; exit 2; }
+[[ $# -ge 2 ]] || { sed -n '2,29p' "$0"; exit 2; }
 out=$1
 shift
 mkdir -p "$out"
@@ -81,6 +83,22 @@ for step in "$@"; do
         python benchmarks/experiments/attn_chunk_prefill_tma.py; } \
         > "$out/attn-chunk-prefill-tma.txt" 2>&1 || status=1
       tail -n 5 "$out/attn-chunk-prefill-tma.txt"
+      ;;
+    ncu)
+      metrics=dram__throughput.avg.pct_of_peak_sustained_elapsed
+      for pipe in alu fma lsu tensor_op_hmma xu; do
+        metrics+=,sm__inst_executed_pipe_$pipe.avg.pct_of_peak_sustained_active
+      done
+      metrics+=,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+      metrics+=,smsp__issue_active.avg.pct_of_peak_sustained_active
+      for stall in barrier long_scoreboard short_scoreboard wait math_pipe_throttle mio_throttle \
+        not_selected; do
+        metrics+=,smsp__average_warps_issue_stalled_${stall}_per_issue_active.ratio
+      done
+      ncu --profile-from-start off --clock-control none --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --metrics "$metrics" \
+        python benchmarks/profile_ncu.py > "$out/ncu-missed-goals.txt" 2>&1 || status=1
+      grep -E "^== |Duration|Registers Per|DRAM Throughput  " "$out/ncu-missed-goals.txt" | head -60
       ;;
     *)
       echo "[gpu_verify] unknown step: $step" >&2

@@ -52,3 +52,14 @@ def test_the_read_stream_sums_every_element_once():
     sums = torch.empty(-(-n // per_program), dtype=torch.int32, device=device)
     harness._read_kernel[(sums.numel(),)](x, sums, n, harness._READ_BLOCK, harness._READ_ITERS)
     assert int(sums.sum()) == int(x.sum())
+
+
+def test_every_profiled_case_is_a_benchmark_case():
+    # profile_ncu.py looks its cases up by name in the benchmarks: a renamed row would only fail
+    # on the GPU machine, in the middle of a lease.
+    from benchmarks import bench_mla_decode, bench_paged_attention, profile_ncu
+
+    mla = {c.name for c in bench_mla_decode.cases()}
+    paged = {c.name for c in bench_paged_attention.cases()}
+    assert set(profile_ncu.MLA_CASES) <= mla, set(profile_ncu.MLA_CASES) - mla
+    assert set(profile_ncu.PAGED_CASES) <= paged, set(profile_ncu.PAGED_CASES) - paged
