@@ -244,10 +244,14 @@ def write_dflash_draft(
     target_layer_ids: tuple[int, ...] = (0, 2),
     num_target_layers: int = 4,
     block_size: int = 8,
+    layer_types: tuple[str, ...] = (),
+    sliding_window: int = 256,
     seed: int = 3,
 ) -> Path:
-    """A z-lab-format DFlash draft (one layer, non-causal) for the Qwen3-8B-shaped target,
-    naming our draft class so the plugin's model serves it."""
+    """A z-lab-format DFlash draft for the Qwen3-8B-shaped target, naming our draft class so
+    the plugin's model serves it: one non-causal layer, or one layer per `layer_types` entry
+    (z-lab's mixed drafts: "sliding_attention" layers causal within `sliding_window` tokens,
+    "full_attention" layers non-causal)."""
     if (path / MARKER).exists():
         return path
     s = QWEN3_8B
@@ -255,14 +259,17 @@ def write_dflash_draft(
     w.linear("fc.weight", s["hidden"], len(target_layer_ids) * s["hidden"])
     w.constant("hidden_norm.weight", s["hidden"])
     w.constant("norm.weight", s["hidden"])
-    p = "layers.0."
-    _gqa_attention(w, p, qk_norm=2.0)
-    _mlp_and_norms(w, p, s["hidden"], s["inter"])
+    for i in range(max(1, len(layer_types))):
+        p = f"layers.{i}."
+        _gqa_attention(w, p, qk_norm=2.0)
+        _mlp_and_norms(w, p, s["hidden"], s["inter"])
     config = {
-        **qwen3_8b_shaped_config(1),
+        **qwen3_8b_shaped_config(max(1, len(layer_types))),
         "architectures": ["BwxDFlashDraftModel"],
         "block_size": block_size,
         "num_target_layers": num_target_layers,
         "dflash_config": {"mask_token_id": VOCAB - 1, "target_layer_ids": list(target_layer_ids)},
     }
+    if layer_types:
+        config |= {"layer_types": list(layer_types), "sliding_window": sliding_window}
     return w.save(path, config)

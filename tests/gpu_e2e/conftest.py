@@ -101,6 +101,9 @@ def _models(root: Path) -> dict[str, Path]:
         "mla": checkpoints.write_deepseek_v2_lite_shaped(root / "deepseek-v2-lite-shaped"),
         "mla128": checkpoints.write_deepseek_v2_lite_shaped(root / "deepseek-128-heads", heads=128),
         "draft": checkpoints.write_dflash_draft(root / "dflash-draft"),
+        "draft_mixed": checkpoints.write_dflash_draft(
+            root / "dflash-draft-mixed", layer_types=("sliding_attention", "full_attention")
+        ),
     }
 
 
@@ -144,6 +147,13 @@ def _jobs(models: dict[str, Path]) -> dict[str, dict[str, Any]]:
         "dflash-bwx_attn": job_spec(qwen3, attention_backend="BWX_ATTN", speculative_config=dflash),
         "dflash-bwx_attn-fp8": job_spec(
             qwen3, attention_backend="BWX_ATTN", kv_cache_dtype="fp8", speculative_config=dflash
+        ),
+        # A z-lab mixed draft (sliding causal + full non-causal layers): vLLM's V1 runner
+        # refuses it, its V2 runner (the default on CUDA) takes it.
+        "dflash_mixed-bwx_attn": job_spec(
+            qwen3,
+            attention_backend="BWX_ATTN",
+            speculative_config=dict(dflash, model=str(models["draft_mixed"])),
         ),
     }
     if has_speculative_method_registry():
@@ -201,6 +211,7 @@ SUMMARY_PAIRS = [
     ("mla128-bwx_mla", "mla128-default"),
     ("dflash-bwx_attn", "qwen3-bwx_attn"),
     ("dflash-bwx_attn-fp8", "qwen3-bwx_attn-fp8"),
+    ("dflash_mixed-bwx_attn", "qwen3-bwx_attn"),
 ]
 
 

@@ -14,8 +14,9 @@ vLLM's own backends on the same model (`conftest.assert_matches_within_noise`):
   TRITON_MLA fp8; and with 128 heads (DeepSeek-V3 at TP1), whose 64-row decode tiles Hopper
   reads through TMA;
 - DFlash with our draft (target and draft on BWX_ATTN): the speculative engine's greedy output
-  equals the target-only engine's (lossless), bf16 and fp8 KV; on vLLM 0.34+ also through
-  our `bwx_dflash` speculative method.
+  equals the target-only engine's (lossless), bf16 and fp8 KV, and with a z-lab draft mixing
+  a sliding causal and a full non-causal layer; on vLLM 0.34+ also through our `bwx_dflash`
+  speculative method.
 
 vLLM starts its engine core by fork on CUDA (the CPU platform spawns), so registration is
 inherited there; the spawn path is pinned by tests/e2e. Here the worker's report of which
@@ -206,7 +207,11 @@ def test_bwx_mla_fp8_cache_matches_triton_mla_fp8(engines):
 
 @pytest.mark.parametrize(
     "spec_job, target_job",
-    [("dflash-bwx_attn", "qwen3-bwx_attn"), ("dflash-bwx_attn-fp8", "qwen3-bwx_attn-fp8")],
+    [
+        ("dflash-bwx_attn", "qwen3-bwx_attn"),
+        ("dflash-bwx_attn-fp8", "qwen3-bwx_attn-fp8"),
+        ("dflash_mixed-bwx_attn", "qwen3-bwx_attn"),
+    ],
 )
 def test_dflash_on_bwx_attn_is_lossless(engines, spec_job, target_job):
     spec, target = result_of(engines, spec_job), result_of(engines, target_job)
@@ -217,6 +222,18 @@ def test_dflash_on_bwx_attn_is_lossless(engines, spec_job, target_job):
     # noise bound as between two backends applies.
     noise = _noise(engines, "qwen3-flash_attn", "qwen3-triton_attn")
     assert_matches_within_noise(spec, target, noise)
+
+
+def test_mixed_dflash_draft_layers_keep_their_own_attention_modes(engines):
+    # vLLM's V1 runner refuses drafts mixing sliding and full layers; its V2 runner (the
+    # default on CUDA) admits them. Ours keeps one KV group and gives each layer its own mode,
+    # which BWX_ATTN applies over the batch's causal flag.
+    modes = result_of(engines, "dflash_mixed-bwx_attn")["layer_modes"]
+    assert modes and all("unavailable" not in worker for worker in modes), modes
+    for worker in modes:
+        index = {name: int(re.search(r"layers\.(\d+)\.", name).group(1)) for name in worker}
+        in_layer_order = [worker[name] for name in sorted(worker, key=index.get)]
+        assert in_layer_order == [[True, 256], [False, None]], worker
 
 
 @pytest.mark.skipif(

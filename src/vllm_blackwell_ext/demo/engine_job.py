@@ -35,6 +35,19 @@ def _attention_backends_of_worker(worker) -> dict[str, list[str]]:
     return served
 
 
+def _layer_modes_of_worker(worker) -> dict[str, list]:
+    """Runs inside each worker: [causal, window] of every layer that carries its own attention
+    mode (our DFlash draft's layers), by layer name."""
+    from vllm_blackwell_ext.attention.layer_overrides import LAYER_CAUSAL_ATTR, LAYER_WINDOW_ATTR
+
+    context = worker.model_runner.vllm_config.compilation_config.static_forward_context
+    return {
+        name: [getattr(layer, LAYER_CAUSAL_ATTR), getattr(layer, LAYER_WINDOW_ATTR, None)]
+        for name, layer in context.items()
+        if hasattr(layer, LAYER_CAUSAL_ATTR)
+    }
+
+
 def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
@@ -55,11 +68,17 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
         llm.llm_engine.engine_core.shutdown()
 
 
-def _generate(llm, spec: dict[str, Any], sampling_params_cls, load_s: float) -> dict[str, Any]:
+def _worker_report(llm, fn) -> list[dict[str, Any]]:
+    """What `fn` reports from each worker; reporting only: never fail a generation over it."""
     try:
-        backends = llm.collective_rpc(_attention_backends_of_worker)
-    except Exception as exc:  # reporting only: never fail a generation over it
-        backends = [{"unavailable": [repr(exc)]}]
+        return llm.collective_rpc(fn)
+    except Exception as exc:
+        return [{"unavailable": [repr(exc)]}]
+
+
+def _generate(llm, spec: dict[str, Any], sampling_params_cls, load_s: float) -> dict[str, Any]:
+    backends = _worker_report(llm, _attention_backends_of_worker)
+    layer_modes = _worker_report(llm, _layer_modes_of_worker)
     results: dict[str, Any] = {}
     generated = 0
     gen_started = time.perf_counter()
@@ -109,6 +128,7 @@ def _generate(llm, spec: dict[str, Any], sampling_params_cls, load_s: float) -> 
     return {
         "runs": results,
         "attention_backends": backends,
+        "layer_modes": layer_modes,
         "load_s": load_s,
         "generate_s": gen_s,
         "generated_tokens": generated,

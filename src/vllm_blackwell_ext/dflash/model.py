@@ -21,7 +21,7 @@ block [bonus, MASK x N]. What changes, and why:
   vLLM 0.32's config validation refuses `layer_types`-mixed drafts for the V1 runner before
   any model is built (`_dflash_needs_multi_kv_group`); V2 (vLLM's default where Triton runs)
   admits them. The CPU engine test exercises this path under V1 with that check lifted in the
-  test process only; under V2 it is not verified yet.
+  test process only; a GPU engine job (`tests/gpu_e2e`) runs it under V2.
 - `fc` is checked to be [H, k*H]; declared `target_layer_ids` out of ascending order get the
   `fc` column blocks permuted, since vLLM concatenates captured layers in ascending order.
 - The mask embedding file is parsed and validated by `dflash.loader.parse_mask_embedding`
