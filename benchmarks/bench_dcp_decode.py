@@ -109,7 +109,11 @@ class _Decode:
 
     def __init__(self, q, seq_len: int, batch: int, fp8: bool, device) -> None:
         from vllm_blackwell_ext.kernels.device import device_info
-        from vllm_blackwell_ext.kernels.mla_decode import MlaDecodeWorkspace, plan_mla_decode
+        from vllm_blackwell_ext.kernels.mla_decode import (
+            MlaDecodeWorkspace,
+            cache_tma_page_size,
+            plan_mla_decode,
+        )
 
         pages = max(1, -(-seq_len // PAGE))
         cache = torch.randn(batch * pages, PAGE, W, device=device)
@@ -123,7 +127,10 @@ class _Decode:
         self.out = torch.empty(batch, heads, R, dtype=q.dtype, device=device)
         self.lse = torch.empty(batch, heads, dtype=torch.float32, device=device)
         info = device_info(device)
-        self.splits, _ = plan_mla_decode(batch, heads, seq_len, 1, info, kv_dtype=self.cache.dtype)
+        self.splits, _ = plan_mla_decode(
+            batch, heads, seq_len, 1, info, kv_dtype=self.cache.dtype,
+            tma_page_size=cache_tma_page_size(self.cache, info),
+        )  # fmt: skip
         self.ws = MlaDecodeWorkspace.allocate(batch, heads, self.splits, R, device)
 
     def __call__(self) -> None:

@@ -50,6 +50,7 @@ from benchmarks.vllm_peer import load_vllm_peer, peer_not_run_note
 from vllm_blackwell_ext.kernels.device import device_info
 from vllm_blackwell_ext.kernels.mla_decode import (
     MlaDecodeWorkspace,
+    cache_tma_page_size,
     mla_decode,
     mla_decode_config,
     mla_decode_flops,
@@ -144,8 +145,9 @@ def ours_fn(c: Case, x: Inputs, **kw):
     info = device_info(x.q.device)
     plan_ctx = c.plan_ctx or c.ctx
     splits, _ = plan_mla_decode(
-        c.batch, c.heads, plan_ctx, c.q_len, info, kv_dtype=x.cache.dtype, config=kw.get("config")
-    )
+        c.batch, c.heads, plan_ctx, c.q_len, info, kv_dtype=x.cache.dtype,
+        config=kw.get("config"), tma_page_size=cache_tma_page_size(x.cache, info),
+    )  # fmt: skip
     splits = kw.get("num_splits") or splits
     # What mla_decode takes for this cache (TMA entries included) unless a config is forced.
     cfg = kw.get("config") or mla_decode_config(x.cache, c.heads * c.q_len, c.batch, info)

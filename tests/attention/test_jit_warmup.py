@@ -8,6 +8,8 @@ vLLM's registry, and that each warm-up launch runs.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -241,11 +243,12 @@ def test_mla_decode_warmup_covers_every_split_variant_of_each_row_tile(kv_dtype)
     kind = jit_warmup.MlaDecodeKind(torch.bfloat16, kv_dtype, 16, 512, 64, has_lse=False)
     keys = jit_warmup.mla_decode_warmup_keys(kind, 8, H200)
     tag = "fp8" if kv_dtype == torch.float8_e4m3fn else "bf16"
-    # Every config a launch of up to 8 query tokens can take, at any batch size.
-    configs = {
-        get_mla_decode_config("sm90", tag, q * 16, b) for q in range(1, 9) for b in range(1, 300)
-    }
-    assert {get_mla_decode_config("sm90", tag, k.query_len * 16, k.batch) for k in keys} == configs
+    # Every config a launch of up to 8 query tokens can take, at any batch size, over vLLM's
+    # contiguous cache of 64-slot pages (TMA entries included).
+    config = functools.partial(get_mla_decode_config, "sm90", tag, tma_page_size=64)
+    configs = {config(q * 16, b) for q in range(1, 9) for b in range(1, 300)}
+    assert any(c.tma for c in configs)
+    assert {config(k.query_len * 16, k.batch) for k in keys} == configs
     assert len(keys) == 3 * len(configs)
     # The one-split kernel, and the split kernel with every merge config a plan can pick.
     assert 1 in {k.num_splits for k in keys}

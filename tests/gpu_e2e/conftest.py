@@ -144,6 +144,10 @@ def _jobs(models: dict[str, Path]) -> dict[str, dict[str, Any]]:
         "mla128-default": job_spec(mla128),
         "mla128-triton_mla": job_spec(mla128, attention_backend="TRITON_MLA"),
         "mla128-bwx_mla": job_spec(mla128, attention_backend="BWX_MLA"),
+        "mla128-triton_mla-fp8": job_spec(
+            mla128, attention_backend="TRITON_MLA", kv_cache_dtype="fp8"
+        ),
+        "mla128-bwx_mla-fp8": job_spec(mla128, attention_backend="BWX_MLA", kv_cache_dtype="fp8"),
         "dflash-bwx_attn": job_spec(qwen3, attention_backend="BWX_ATTN", speculative_config=dflash),
         "dflash-bwx_attn-fp8": job_spec(
             qwen3, attention_backend="BWX_ATTN", kv_cache_dtype="fp8", speculative_config=dflash
@@ -209,6 +213,7 @@ SUMMARY_PAIRS = [
     ("mla-bwx_mla-fp8", "mla-triton_mla-fp8"),
     ("mla128-default", "mla128-triton_mla"),
     ("mla128-bwx_mla", "mla128-default"),
+    ("mla128-bwx_mla-fp8", "mla128-triton_mla-fp8"),
     ("dflash-bwx_attn", "qwen3-bwx_attn"),
     ("dflash-bwx_attn-fp8", "qwen3-bwx_attn-fp8"),
     ("dflash_mixed-bwx_attn", "qwen3-bwx_attn"),

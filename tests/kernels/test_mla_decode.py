@@ -19,6 +19,7 @@ is only the bf16 store.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import subprocess
@@ -278,21 +279,37 @@ def test_tma_config_is_refused_for_a_cache_it_cannot_read(device):
 
 
 def test_tma_entries_apply_only_to_caches_they_can_read():
-    """A class's TMA entry replaces its entry for caches TMA can read, and keeps that entry's
-    row tile, programs per SM and split floor (split plans are made without the cache)."""
+    """A class's TMA entry replaces its entry for caches TMA can read; a split plan given the
+    page size is made for that entry, and a workspace sized the same way holds its plans."""
     for cls, by_tag in MLA_DECODE_TMA_CONFIGS.items():
         for tag, by_tile in by_tag.items():
             for tile, tma in by_tile.items():
                 main = MLA_DECODE_CONFIGS[cls][tag][tile]
                 assert tma.tma and not main.tma
-                shared = ("block_m", "ctas_per_sm", "min_split_keys")
-                assert [getattr(tma, f) for f in shared] == [getattr(main, f) for f in shared]
                 rows, batch = tile, 64
                 assert get_mla_decode_config(cls, tag, rows, batch) == main
                 assert get_mla_decode_config(cls, tag, rows, batch, tma_page_size=64) == tma
                 assert PREFERRED_BLOCK_SIZE % tma.block_n == 0  # BWX_MLA's pages take it
                 page = tma.block_n // 2  # a tile would span two pages
                 assert get_mla_decode_config(cls, tag, rows, batch, tma_page_size=page) == main
+                capability = (int(cls[2:-1]), int(cls[-1]))  # "sm90" -> (9, 0)
+                info = DeviceInfo("GPU", capability, num_sms=132, smem_per_block=232_448)
+                assert info.device_class == cls
+                kv = torch.float8_e4m3fn if tag == "fp8" else torch.bfloat16
+                for heads, q_len in ((tile, 1), (tile // 4, 4), (2 * tile, 1)):
+                    plan = functools.partial(
+                        plan_mla_decode, num_heads=heads, max_seq_len=32768, query_len=q_len,
+                        device_info=info, kv_dtype=kv,
+                    )  # fmt: skip
+                    assert plan(batch)[1] == main
+                    assert plan(batch, tma_page_size=PREFERRED_BLOCK_SIZE)[1] == tma
+                    ws = MlaDecodeWorkspace.for_plans(
+                        64, heads, 32768, q_len, 512, "cpu", kv_dtype=kv, info=info,
+                        tma_page_size=PREFERRED_BLOCK_SIZE,
+                    )  # fmt: skip
+                    for b in range(1, 64 // q_len + 1):
+                        s, _ = plan(b, tma_page_size=PREFERRED_BLOCK_SIZE)
+                        assert s == 1 or ws.capacity_rows >= b * q_len * heads * s, (heads, b, s)
     # Every main-table entry gathers, so it serves any cache.
     for by_tag in MLA_DECODE_CONFIGS.values():
         assert not any(c.tma for by_tile in by_tag.values() for c in by_tile.values())

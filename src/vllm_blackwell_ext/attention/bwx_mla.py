@@ -163,6 +163,10 @@ class BwxMLAMetadataBuilder(MLACommonMetadataBuilder[BwxMLAMetadata]):
         )
         # DCP all-gathers the query heads before forward_mqa.
         self._decode_heads = self.num_heads * self.dcp_world_size
+        # vLLM's MLA cache is contiguous [pages, page, width]: a TMA entry of the config table
+        # takes it where the page size allows, and the split plans are made for that entry
+        # (as the JIT warm-up compiles it).
+        self._tma_page_size = kv_cache_spec.block_size
         scheduler_config = vllm_config.scheduler_config
         self._max_decode_tokens = min(
             scheduler_config.max_num_seqs * self.reorder_batch_threshold,
@@ -210,6 +214,7 @@ class BwxMLAMetadataBuilder(MLACommonMetadataBuilder[BwxMLAMetadata]):
             query_len,
             self._device_info,
             kv_dtype=self._kv_dtype,
+            tma_page_size=self._tma_page_size,
         )
         return int(num_splits)
 
@@ -233,6 +238,7 @@ class BwxMLAMetadataBuilder(MLACommonMetadataBuilder[BwxMLAMetadata]):
                 device,
                 kv_dtype=self._kv_dtype,
                 info=self._device_info,
+                tma_page_size=self._tma_page_size,
             ),
         )
 

@@ -554,7 +554,7 @@ def _kv_tag(dtype: torch.dtype) -> str:
 MIN_TMA_CAPABILITY: tuple[int, int] = (9, 0)
 
 
-def _tma_page_size(kv_cache: torch.Tensor, info: DeviceInfo) -> int | None:
+def cache_tma_page_size(kv_cache: torch.Tensor, info: DeviceInfo) -> int | None:
     """The cache's page size where TMA can read its tiles, else None: a cache on a GPU with TMA
     (or the interpreter), contiguous [pages, page, width] at a 16-byte address (a tile is then
     one block of a 2-D [pages * page, width] view; rows of 576 or 288 elements keep every
@@ -577,7 +577,7 @@ def mla_decode_config(
         _kv_tag(kv_cache.dtype),
         rows,
         batch,
-        tma_page_size=_tma_page_size(kv_cache, info),
+        tma_page_size=cache_tma_page_size(kv_cache, info),
     )
 
 
@@ -606,15 +606,20 @@ def plan_mla_decode(
     *,
     kv_dtype: torch.dtype = torch.bfloat16,
     config: MlaDecodeConfig | None = None,
+    tma_page_size: int | None = None,
 ) -> tuple[int, MlaDecodeConfig]:
     """Split count and launch config for a decode step; pure host arithmetic (no GPU call).
 
     Splits are added until the grid holds about `num_sms * ctas_per_sm` programs (so B=1 at
     128k and B=256 at 4k both fill the GPU), but never so many that a split holds fewer than
     `min_split_keys` keys (the merge would cost more than the parallelism gains).
+    `tma_page_size`: the page size of a cache TMA can read, whose TMA entry then plans (as
+    `mla_decode` takes it for that cache).
     """
     rows = query_len * num_heads
-    cfg = config or get_mla_decode_config(device_info.device_class, _kv_tag(kv_dtype), rows, batch)
+    cfg = config or get_mla_decode_config(
+        device_info.device_class, _kv_tag(kv_dtype), rows, batch, tma_page_size=tma_page_size
+    )
     row_groups = cdiv(rows, cfg.block_m)
     programs = max(1, batch * row_groups)
     target = device_info.num_sms * cfg.ctas_per_sm
@@ -664,9 +669,11 @@ class MlaDecodeWorkspace:
         *,
         kv_dtype: torch.dtype = torch.bfloat16,
         info: DeviceInfo | None = None,
+        tma_page_size: int | None = None,
     ) -> MlaDecodeWorkspace:
         """The smallest scratch that fits every `plan_mla_decode` plan of up to `max_tokens`
-        query tokens, for query lengths 1..`max_query_len` and contexts up to `max_seq_len`.
+        query tokens, for query lengths 1..`max_query_len`, contexts up to `max_seq_len` and
+        the same `tma_page_size`.
 
         The planner splits small batches more, and plans for the longest context dominate the
         shorter ones (splits grow with the context), so every batch size and query length is
@@ -678,7 +685,13 @@ class MlaDecodeWorkspace:
         for query_len in range(1, max_query_len + 1):
             for batch in range(1, max_tokens // query_len + 1):
                 splits, _ = plan_mla_decode(
-                    batch, num_heads, max_seq_len, query_len, info, kv_dtype=kv_dtype
+                    batch,
+                    num_heads,
+                    max_seq_len,
+                    query_len,
+                    info,
+                    kv_dtype=kv_dtype,
+                    tma_page_size=tma_page_size,
                 )
                 if splits > 1:
                     need = max(need, batch * query_len * num_heads * splits)
@@ -826,18 +839,18 @@ def mla_decode(
     if num_tokens == 0:
         return out
     info = device_info(q.device)
+    tma_page_size = cache_tma_page_size(kv_cache, info)
     if num_splits is None:
         if max_seq_len is None:
             # Host sync: callers on the hot path pass num_splits (or max_seq_len) instead.
             max_seq_len = int(seq_lens.max().item()) if batch else 0
-        # The planner's config shares the row tile and split plan with the TMA entry, if any.
         num_splits, _ = plan_mla_decode(
-            batch, num_heads, max_seq_len, query_len, info, kv_dtype=kv_cache.dtype, config=config
-        )
+            batch, num_heads, max_seq_len, query_len, info, kv_dtype=kv_cache.dtype,
+            config=config, tma_page_size=tma_page_size,
+        )  # fmt: skip
     elif num_splits < 1:
         fail(ValueError, "num_splits", ">= 1", num_splits)
     rows = query_len * num_heads
-    tma_page_size = _tma_page_size(kv_cache, info)
     cfg = config or get_mla_decode_config(
         info.device_class, _kv_tag(kv_cache.dtype), rows, batch, tma_page_size=tma_page_size
     )
@@ -933,6 +946,7 @@ __all__ = [
     "MAX_SPLITS",
     "WIDE_MERGE_SPLITS",
     "MlaDecodeWorkspace",
+    "cache_tma_page_size",
     "merge_config",
     "mla_decode",
     "mla_decode_config",

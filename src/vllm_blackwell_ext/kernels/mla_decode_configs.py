@@ -125,11 +125,18 @@ PREFERRED_BLOCK_SIZE = 64
 # 32-key entry on the same split plan: 128 heads B=64 32k 271.4 vs 176.2 TFLOP/s (1.54x), B=8
 # 32k 1.43x, 64 heads 1.38x, 16 and 32 heads x 4 query tokens 1.36x / 1.53x; 235 registers,
 # 221,200 B of shared memory (`benchmarks/experiments/mla_decode_tma.py`,
-# `h100-mla-decode-tma.txt`). Each keeps its replaced entry's row tile, programs per SM and
-# split floor, so a split plan made without the cache at hand holds for both.
+# `h100-mla-decode-tma.txt`). An fp8 cache's tiles are widened to bf16 in the 16-bit kernel
+# (exact for e4m3): H100, each on its own split plan against the gathered fp8 entry (32 rows,
+# two programs per SM), 16 heads x 4 query tokens B=64 32k 1483.8 vs 1626.6 us (1.10x), 128
+# heads B=64 32k 204.3 vs 190.9 TFLOP/s (1.07x) (`mla_tma_row_tiles.py`,
+# `h100-mla-tma-row-tiles-fp8.txt`). Split plans take these entries too: the metadata
+# builder knows vLLM's page size (`plan_mla_decode`'s `tma_page_size`).
 # fmt: off
 MLA_DECODE_TMA_CONFIGS: dict[str, dict[str, dict[int, MlaDecodeConfig]]] = {
-    "sm90": {"bf16": {64: C(64, 64, 8, 2, 1, 128, tma=True)}},
+    "sm90": {
+        "bf16": {64: C(64, 64, 8, 2, 1, 128, tma=True)},
+        "fp8": {64: C(64, 64, 8, 2, 1, 128, tma=True)},
+    },
 }
 # fmt: on
 
