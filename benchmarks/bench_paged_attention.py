@@ -310,9 +310,12 @@ def figure(c: Case, us: float) -> float:
         return us
     if c.metric == "TFLOP/s":
         return flops(c) / (us * 1e-6) / 1e12
-    elem = 1 if c.fp8 else 2
-    nbytes = c.batch * keys_read(c) * HKV * 2 * D * elem
-    return nbytes / (us * 1e-6) / 1e9
+    return kv_bytes(c) / (us * 1e-6) / 1e9
+
+
+def kv_bytes(c: Case) -> int:
+    """Bytes of K and V a case must read, in the cache dtype."""
+    return c.batch * keys_read(c) * HKV * 2 * D * (1 if c.fp8 else 2)
 
 
 def compiled_stats(c: Case, x: Inputs, ws: SplitKVWorkspace) -> str:
@@ -501,6 +504,14 @@ def run_case(
             notes.append(note)
     if gaps:
         notes.append(gap_note(c.name, gaps))
+        print(notes[-1], flush=True)
+    if c.metric == "GB/s":
+        # A read of the same bytes alone, timed alike: what launch and ramp leave of the
+        # device's rate at this size (short contexts are far from the 2 GiB stream's).
+        same = read_roofline_gbps(dev, kv_bytes(c))
+        mib, share = kv_bytes(c) / 2**20, figure(c, us) / same
+        notes.append(f"{c.name}: a read-only stream of the same {mib:.0f} MiB ran at "
+                     f"{same:.0f} GB/s; ours {share:.3f} of that")  # fmt: skip
         print(notes[-1], flush=True)
     rows = [Row(c.name, c.metric, figure(c, us), peers, roof if c.metric == "GB/s" else None)]
     if c.metric == "us":  # also eagerly: what a run without CUDA graphs pays per call
