@@ -228,6 +228,7 @@ def _report(device_class, case, name, job, stats, error, limit, verbose) -> int:
         *(["over the shared memory limit"] if stats.shared > limit else []),
         *(["spills in a loop"] if stats.loop_spills and not tolerated else []),
         *(["traps"] if stats.traps else []),
+        *(["wgmma serialized"] if stats.wgmma_serialized else []),
     ]
     if problems or verbose or tolerated:
         verdict = "FAIL: " + ", ".join(problems) if problems else "ok"

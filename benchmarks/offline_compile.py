@@ -57,6 +57,10 @@ class OfflineCompile:
     # The kernel traps: Triton lowers a program it cannot build for the target (e.g. tensor
     # memory accumulators past sm100's 512 columns) to `trap`, with no compile error.
     traps: bool = False
+    # Hopper: ptxas waits after every wgmma instead of once per group (it does so for the whole
+    # kernel when it cannot keep the asynchronous pipeline's registers apart), so no tensor-core
+    # work overlaps anything.
+    wgmma_serialized: bool = False
 
     def __str__(self) -> str:
         where = " (in a loop)" if self.loop_spills else " (outside loops)" if self.spills else ""
@@ -64,7 +68,16 @@ class OfflineCompile:
             f"registers {self.registers}, shared {self.shared} B, stack {self.stack} B, "
             f"spills {self.spills}{where}"
             + (", TRAPS (the kernel is a trap)" if self.traps else "")
+            + (", wgmma SERIALIZED (a wait after each)" if self.wgmma_serialized else "")
         )
+
+
+def _wgmma_serialized(sass: str) -> bool:
+    """Whether the SASS waits on the wgmma pipeline about as often as it issues to it (a group
+    of k-steps normally shares one wait)."""
+    issued = len(re.findall(r"\bHGMMA\.", sass))
+    waits = len(re.findall(r"\bWARPGROUP\.DEPBAR", sass))
+    return issued > 0 and 2 * waits > issued
 
 
 def _local_memory_in_loops(sass: str) -> bool:
@@ -135,4 +148,5 @@ def compile_offline(
         spills=bool(re.search(r"\b(LDL|STL)\b", sass)),
         loop_spills=_local_memory_in_loops(sass),
         traps=bool(re.search(r"^\s*trap;", compiled.asm["ptx"], re.MULTILINE)),
+        wgmma_serialized=_wgmma_serialized(sass),
     )

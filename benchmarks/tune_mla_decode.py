@@ -297,6 +297,7 @@ def check_offline(classes: list[str]) -> int:
                             *(["OVER LIMIT"] if stats.shared > limit else []),
                             *(["SPILLS IN A LOOP"] if stats.loop_spills else []),
                             *(["TRAPS"] if stats.traps else []),
+                            *(["WGMMA SERIALIZED"] if stats.wgmma_serialized else []),
                         ]
                         bad += bool(problems)
                         print(

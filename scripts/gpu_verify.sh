@@ -20,6 +20,9 @@
 #   chunk-tma   benchmarks/experiments/attn_chunk_prefill_tma.py: its check, then prefill over
 #               cached context with TMA-read pages, page ids read per tile, ahead, or in
 #               batches, against the shipped kernel (attn-chunk-prefill-tma.txt)
+#   prefill-skew benchmarks/experiments/fresh_prefill_skew.py: fresh prefill with each tile's
+#               scores asked one tile ahead, against the device's config and cuDNN's SDPA
+#               (fresh-prefill-skew.txt)
 #   ncu         benchmarks/profile_ncu.py under Nsight Compute: speed of light, occupancy, pipe
 #               use and stall reasons of each row short of its goal (ncu-missed-goals.txt)
 #
@@ -28,7 +31,7 @@
 # OUT_DIR gets the pytest logs, the engine tests' summary.md and the benchmark results; each
 # engine's figures are written as soon as it finishes, so a run cut short keeps those.
 set -uo pipefail
-[[ $# -ge 2 ]] || { sed -n '2,29p' "$0"; exit 2; }
+[[ $# -ge 2 ]] || { sed -n '2,32p' "$0"; exit 2; }
 out=$1
 shift
 mkdir -p "$out"
@@ -88,6 +91,11 @@ for step in "$@"; do
         python benchmarks/experiments/attn_chunk_prefill_tma.py; } \
         > "$out/attn-chunk-prefill-tma.txt" 2>&1 || status=1
       tail -n 5 "$out/attn-chunk-prefill-tma.txt"
+      ;;
+    prefill-skew)
+      python benchmarks/experiments/fresh_prefill_skew.py > "$out/fresh-prefill-skew.txt" 2>&1 ||
+        status=1
+      tail -n 25 "$out/fresh-prefill-skew.txt"
       ;;
     ncu)
       metrics=dram__throughput.avg.pct_of_peak_sustained_elapsed

@@ -12,16 +12,19 @@ fp16 1e-2. The reference reads the same bf16/fp16 values in fp32.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_blackwell_ext.kernels.device import CPU_DEVICE_INFO, DeviceInfo
+from vllm_blackwell_ext.kernels.device import CPU_DEVICE_INFO, DeviceInfo, device_info
 from vllm_blackwell_ext.kernels.fresh_prefill import (
     FRESH_PREFILL_MIN_QUERY_LEN,
+    FreshPrefillConfig,
     fresh_prefill,
+    fresh_prefill_config,
     fresh_prefill_supported,
     has_fresh_prefill,
 )
@@ -124,13 +127,15 @@ def check_rows(x: dict, scale: float, dtype) -> None:
     ).filter(lambda lens: max(lens) >= FRESH_PREFILL_MIN_QUERY_LEN),
     gqa=st.sampled_from([1, 2, 4]),
     dtype=st.sampled_from([torch.bfloat16, torch.float16]),
+    skew=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_matches_reference_and_writes_only_its_requests(q_lens, gqa, dtype, seed):
+def test_matches_reference_and_writes_only_its_requests(q_lens, gqa, dtype, skew, seed):
     num_kv_heads = 2
     x = make_inputs(q_lens, gqa * num_kv_heads, num_kv_heads, 64, dtype, seed)
     scale = 64**-0.5
-    run(x, scale)
+    cfg = replace(fresh_prefill_config(device_info(DEVICE)), skew_scores=skew)
+    run(x, scale, config=cfg)
     check_rows(x, scale, dtype)
 
 
@@ -251,24 +256,34 @@ def test_bad_input_raises_naming_the_argument(arg, exc, swap):
         )
 
 
+# Configs the GPU tests run beside the device's own: scores one tile ahead, on 64-key tiles
+# (on 128-key tiles at head 128 they spill on sm90).
+SKEWED_GPU_CONFIGS = [
+    FreshPrefillConfig(block_m=128, tile_n=64, num_warps=8, num_stages=3, skew_scores=True),
+    FreshPrefillConfig(block_m=128, tile_n=64, num_warps=8, num_stages=4, skew_scores=True),
+]
+
+
 @gpu_only
+@pytest.mark.parametrize("config", [None, *SKEWED_GPU_CONFIGS], ids=["device", "skew3", "skew4"])
 @pytest.mark.parametrize("gqa", [1, 4, 8])
 @pytest.mark.parametrize("head", [64, 128])
-def test_gpu_real_sizes_match_reference(gqa, head):
+def test_gpu_real_sizes_match_reference(gqa, head, config):
     num_kv_heads = 32 // gqa
     x = make_inputs([1500, 700, 129, 40], 32, num_kv_heads, head, torch.bfloat16, seed=gqa)
     scale = head**-0.5
-    run(x, scale)
+    run(x, scale, config=config)
     check_rows(x, scale, torch.bfloat16)
 
 
 @gpu_only
+@pytest.mark.parametrize("config", [None, SKEWED_GPU_CONFIGS[0]], ids=["device", "skew3"])
 @pytest.mark.parametrize("q_lens", [[8192], [4096] * 4, [3008, 4992, 128]])
-def test_gpu_long_prompts_match_the_paged_kernel(q_lens):
+def test_gpu_long_prompts_match_the_paged_kernel(q_lens, config):
     """Qwen3-8B shapes at prompt lengths the reference would take minutes for: against the
     paged kernel over the same values paged in 16-token blocks."""
     x = make_inputs(q_lens, 32, 8, 128, torch.bfloat16, seed=len(q_lens))
-    run(x, 128**-0.5)
+    run(x, 128**-0.5, config=config)
     tokens = sum(q_lens)
     block = 16
     pad = -tokens % block

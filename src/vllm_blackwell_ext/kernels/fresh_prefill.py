@@ -60,6 +60,10 @@ class FreshPrefillConfig:
     tile_n: int  # keys per TMA tile
     num_warps: int
     num_stages: int
+    # Ask for the scores of the next key tile before this tile's softmax, so the softmax's
+    # exponentials overlap the previous tile's P @ V on the tensor cores (FlashAttention 3's
+    # intra-warpgroup overlap; the sm90 SASS then waits for the scores after the softmax).
+    skew_scores: bool = False
 
     def block_q(self, gqa: int) -> int:
         return self.block_m // gqa
@@ -118,19 +122,33 @@ def has_fresh_prefill(query_start_loc: torch.Tensor, seq_lens: torch.Tensor) -> 
 
 
 @triton.jit
-def _attend_tile(acc, l_i, m_i, q, k, v, visible, MASKED: tl.constexpr, qk_scale):
-    if q.dtype == tl.float32:  # the CPU interpreter: its bf16 dots multiply raw bits
+def _scores(q, k, visible, MASKED: tl.constexpr, qk_scale, DOT_FP32: tl.constexpr):
+    if DOT_FP32:  # the CPU interpreter: its bf16 dots multiply raw bits
         k = k.to(tl.float32)
-        v = v.to(tl.float32)
     s = tl.dot(q, tl.trans(k)) * qk_scale
     if MASKED:
         s = tl.where(visible, s, float("-inf"))
+    return s
+
+
+@triton.jit
+def _softmax_pv(acc, l_i, m_i, s, v, DOT_FP32: tl.constexpr):
+    if DOT_FP32:
+        v = v.to(tl.float32)
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     return acc, l_i, m_new
+
+
+@triton.jit
+def _attend_tile(
+    acc, l_i, m_i, q, k, v, visible, MASKED: tl.constexpr, qk_scale, DOT_FP32: tl.constexpr
+):
+    s = _scores(q, k, visible, MASKED, qk_scale, DOT_FP32)
+    return _softmax_pv(acc, l_i, m_i, s, v, DOT_FP32)
 
 
 # The batch size changes from batch to batch: a runtime value, so the JIT warm-up's scratch
@@ -156,6 +174,7 @@ def _fresh_prefill_kernel(
     TILE_N: tl.constexpr,
     STAGES: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    SKEW: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GQA
     # Programs in reverse: a request's later blocks see more keys, so they start first.
@@ -190,15 +209,26 @@ def _fresh_prefill_kernel(
     acc = tl.zeros([BLOCK_M, HEAD], tl.float32)
     col = kv_head * HEAD
     offs_n = tl.arange(0, TILE_N)
-    for j in tl.range(0, whole_hi, num_stages=STAGES):
-        k = k_desc.load([q_start + j * TILE_N, col])
-        v = v_desc.load([q_start + j * TILE_N, col])
-        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k, v, None, False, qk_scale)
+    if SKEW:
+        # Tile j + 1's scores are asked for ahead of tile j's softmax (FreshPrefillConfig);
+        # the last ones (tile whole_hi's, zeros past the tensor) go unused.
+        s = _scores(q, k_desc.load([q_start, col]), None, False, qk_scale, DOT_FP32)
+        for j in tl.range(0, whole_hi, num_stages=STAGES):
+            k = k_desc.load([q_start + (j + 1) * TILE_N, col])
+            v = v_desc.load([q_start + j * TILE_N, col])
+            s_next = _scores(q, k, None, False, qk_scale, DOT_FP32)
+            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, DOT_FP32)
+            s = s_next
+    else:
+        for j in tl.range(0, whole_hi, num_stages=STAGES):
+            k = k_desc.load([q_start + j * TILE_N, col])
+            v = v_desc.load([q_start + j * TILE_N, col])
+            acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k, v, None, False, qk_scale, DOT_FP32)
     for j in tl.range(whole_hi, tile_hi):
         k = k_desc.load([q_start + j * TILE_N, col])
         v = v_desc.load([q_start + j * TILE_N, col])
         visible = (j * TILE_N + offs_n)[None, :] <= q_local[:, None]
-        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k, v, visible, True, qk_scale)
+        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k, v, visible, True, qk_scale, DOT_FP32)
     out = acc / l_i[:, None]
     offs_d = tl.arange(0, HEAD)
     tl.store(
@@ -271,6 +301,7 @@ def fresh_prefill(
     softmax_scale: float,
     info: DeviceInfo | None = None,
     check_inputs: bool = True,
+    config: FreshPrefillConfig | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request without cached context and with at least
     FRESH_PREFILL_MIN_QUERY_LEN queries, over its own keys; returns `out`.
@@ -278,7 +309,8 @@ def fresh_prefill(
     Request b's queries are q[cu_seqlens_q[b] : cu_seqlens_q[b + 1]] (length L_b); it is this
     kernel's when seq_lens[b] == L_b, and then its keys and values are the same rows of `key`
     and `value` (query i sits at position i). Only those requests' rows of `out` are written.
-    `check_inputs=False` skips the checks for callers that validated the same layout once.
+    `check_inputs=False` skips the checks for callers that validated the same layout once;
+    `config` overrides the device's launch config (experiments, tests).
     """
     if check_inputs:
         _validate(q, key, value, out, cu_seqlens_q, seq_lens)
@@ -287,7 +319,7 @@ def fresh_prefill(
     if tokens == 0 or batch == 0:
         return out
     info = info if info is not None else device_info(q.device)
-    cfg = fresh_prefill_config(info)
+    cfg = config or fresh_prefill_config(info)
     num_kv_heads = key.shape[1]
     gqa = num_heads // num_kv_heads
     block_q = cfg.block_q(gqa)
@@ -301,6 +333,6 @@ def fresh_prefill(
         q_desc, k_desc, v_desc, out, cu_seqlens_q, seq_lens, batch,
         float(softmax_scale) * _LOG2E, out.stride(0), out.stride(1), FRESH_PREFILL_MIN_QUERY_LEN,
         GQA=gqa, HEAD=head, BLOCK_Q=block_q, TILE_N=cfg.tile_n, STAGES=cfg.num_stages,
-        DOT_FP32=info.device_class == "cpu", num_warps=cfg.num_warps,
+        DOT_FP32=info.device_class == "cpu", SKEW=cfg.skew_scores, num_warps=cfg.num_warps,
     )  # fmt: skip
     return out
