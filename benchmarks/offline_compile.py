@@ -129,6 +129,12 @@ def compile_offline(
         target=GPUTarget("cuda", capability, 32),
         options=options,
     )
+    return stats_of(compiled)
+
+
+def stats_of(compiled: Any) -> OfflineCompile:
+    """What a kernel compiled by `triton.compile` for an NVIDIA target costs, read from its
+    cubin with Triton's bundled cuobjdump."""
     bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])

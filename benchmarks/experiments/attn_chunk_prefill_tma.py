@@ -74,6 +74,8 @@ TMA_CONFIGS = (
     TmaConfig(32, 128, 8, 2, readahead=True), TmaConfig(32, 128, 8, 3, readahead=True),
     TmaConfig(32, 128, 8, 3, page_batch=16), TmaConfig(32, 128, 8, 3, page_batch=64),
     TmaConfig(32, 64, 8, 3, page_batch=32), TmaConfig(32, 128, 8, 2, page_batch=64),
+    TmaConfig(32, 64, 8, 3, skew=True), TmaConfig(32, 64, 8, 4, skew=True),
+    TmaConfig(32, 128, 8, 2, skew=True),
 )  # fmt: skip
 
 
@@ -85,7 +87,10 @@ def check() -> None:
     # Batches of 2 pages: several batches per request, the last one partly past its pages.
     cases += [([40, 70], 32, 150, TmaConfig(8, 16, 4, 2, page_batch=2))]
     cases += [([33, 5], 64, 100, TmaConfig(4, 32, 4, 3, page_batch=4))]
+    # Scores one tile ahead: the last ones asked for at the block's last key, never used.
+    cases += [([40, 70], 32, 150, TmaConfig(8, 16, 4, 2, skew=True))]
     if device == "cuda":
+        cases += [([1000, 300], 128, 3000, TmaConfig(32, 64, 8, 3, skew=True))]
         cases += [([1000, 300], 128, 3000, TmaConfig(32, 128, 8, 3, readahead=True))]
         cases += [([1000, 300], 64, 3000, TmaConfig(32, 64, 8, 4, readahead=True))]
         cases += [([1000, 300], 128, 3000, TmaConfig(32, 128, 8, 3, page_batch=4))]

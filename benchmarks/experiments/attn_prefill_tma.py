@@ -72,6 +72,26 @@ def _softmax_step(acc, l_i, m_i, q, k, v, s_mask, MASKED: tl.constexpr, qk_scale
 
 
 @triton.jit
+def _scores(q, k, qk_scale):
+    if q.dtype == tl.float32:  # the CPU interpreter (its bf16 dots multiply raw bits)
+        k = k.to(tl.float32)
+    return tl.dot(q, tl.trans(k)) * qk_scale
+
+
+@triton.jit
+def _softmax_pv(acc, l_i, m_i, s, v, DOT_FP32: tl.constexpr):
+    """The online-softmax step of a tile whose scores `s` are at hand (`_softmax_step`'s)."""
+    if DOT_FP32:
+        v = v.to(tl.float32)
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, l_i, m_new
+
+
+@triton.jit
 def _tile_row(bt_row, start, q_start, kv_head, NUM_KV_HEADS, PAGE: tl.constexpr):
     """Descriptor row of key `start`: in the paged cache, or (PAGE == 0) in the chunk's K/V."""
     if PAGE == 0:
@@ -142,6 +162,7 @@ def _tma_prefill_kernel(
     DOT_FP32: tl.constexpr,
     READAHEAD: tl.constexpr = False,  # paged: block-table reads one tile ahead
     PAGE_BATCH: tl.constexpr = 0,  # paged, > 0: page ids read this many at a time (`_page_row`)
+    SKEW: tl.constexpr = False,  # tile j + 1's scores asked for before tile j's softmax
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GQA
     # No search loop and no early return before the key loop: Triton 3.6's Hopper warp
@@ -206,6 +227,20 @@ def _tma_prefill_kernel(
                 v = v_desc.load([row, v_col])
                 visible = (start + offs_n)[None, :] <= q_pos[:, None]
                 acc, l_i, m_i = _softmax_step(acc, l_i, m_i, q, k, v, visible, False, qk_scale)
+    elif SKEW:
+        # As the product's `fresh_prefill` with `skew_scores`: the softmax of tile j runs
+        # beside the tensor cores' work on tile j + 1's scores and tile j - 1's P @ V. The
+        # last scores asked for (the tile at the block's last key again) go unused.
+        row_v = row_next
+        s = _scores(q, k_desc.load([row_v, k_col]), qk_scale)
+        for j in tl.range(0, full_hi, num_stages=STAGES):
+            ahead = tl.minimum((j + 1) * TILE_N, pos_last)
+            row_k = _tile_row(bt_row, ahead, q_start, kv_head, NUM_KV_HEADS, PAGE)
+            s_next = _scores(q, k_desc.load([row_k, k_col]), qk_scale)
+            v = v_desc.load([row_v, v_col])
+            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, DOT_FP32)
+            s = s_next
+            row_v = row_k
     else:
         for j in tl.range(0, full_hi, num_stages=STAGES, warp_specialize=WARP_SPEC):
             start = j * TILE_N
@@ -247,6 +282,7 @@ class TmaConfig:
     warp_spec: bool = False  # needs single_loop (Triton 3.6's Hopper pass fails otherwise)
     readahead: bool = False  # paged: each tile's page read one iteration ahead
     page_batch: int = 0  # paged, > 0: page ids read this many at a time, ahead of the tiles
+    skew: bool = False  # each tile's scores asked for one tile ahead (two loops, no batches)
 
 
 def query_blocks(cu: torch.Tensor, block_q: int) -> torch.Tensor:
@@ -265,6 +301,8 @@ def tma_prefill(
     nb, hkv, page, two_d = kv.shape
     head = two_d // 2
     gqa = q.shape[1] // hkv
+    if cfg.skew and (cfg.single_loop or cfg.readahead or cfg.page_batch or cfg.warp_spec):
+        raise ValueError(f"cfg: skew alone (two loops, page ids per tile) expected, got {cfg}")
     if contig is not None:
         if cfg.readahead or cfg.page_batch:
             raise ValueError(f"cfg: a contiguous read has no pages to read ahead, got {cfg}")
@@ -287,7 +325,7 @@ def tma_prefill(
         NUM_KV_HEADS=hkv, GQA=gqa, HEAD=head, BLOCK_Q=cfg.block_q, TILE_N=cfg.tile_n,
         PAGE=page, STAGES=cfg.stages, SINGLE_LOOP=cfg.single_loop, WARP_SPEC=cfg.warp_spec,
         DOT_FP32=q.device.type == "cpu", READAHEAD=cfg.readahead, PAGE_BATCH=cfg.page_batch,
-        num_warps=cfg.num_warps,
+        SKEW=cfg.skew, num_warps=cfg.num_warps,
     )  # fmt: skip
 
 
@@ -348,10 +386,14 @@ def check() -> None:
         ([40, 70], 32, TmaConfig(8, 16, 4, 2), False),
         ([96, 33], 64, TmaConfig(4, 32, 4, 2, single_loop=True), False),
         ([40, 70], 16, TmaConfig(8, 32, 4, 2), True),
+        ([40, 70], 32, TmaConfig(8, 16, 4, 2, skew=True), False),
+        ([40, 70], 16, TmaConfig(8, 32, 4, 2, skew=True), True),
     ]
     if device == "cuda":
         cases += [
             ([1000, 3000], 128, TmaConfig(32, 128, 8, 2), False),
+            ([1000, 3000], 128, TmaConfig(32, 64, 8, 3, skew=True), False),
+            ([1000, 3000], 16, TmaConfig(32, 64, 8, 3, skew=True), True),
             ([1000, 3000], 128, TmaConfig(16, 128, 4, 2, True, True), False),
             ([1000, 3000], 16, TmaConfig(16, 128, 4, 2, True, True), True),
         ]
@@ -379,6 +421,8 @@ TMA_CONFIGS = (
     TmaConfig(32, 128, 8, 2, True), TmaConfig(16, 128, 4, 2, True),
     TmaConfig(16, 128, 4, 2, True, True), TmaConfig(16, 64, 4, 2, True, True),
     TmaConfig(16, 128, 4, 3, True, True), TmaConfig(16, 64, 4, 4, True, True),
+    TmaConfig(32, 64, 8, 3, skew=True), TmaConfig(32, 64, 8, 4, skew=True),
+    TmaConfig(32, 128, 8, 2, skew=True),
 )  # fmt: skip
 # Variants of the paged read only (`attn_chunk_prefill_tma.py` times them).
 PAGED_CONFIGS = (TmaConfig(32, 128, 8, 3, readahead=True), TmaConfig(32, 128, 8, 3, page_batch=16))
@@ -483,6 +527,8 @@ def compile_only(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from benchmarks.offline_compile import stats_of
+
     print(f"# triton {triton.__version__}, offline compile for sm{capability}")
     k = _tma_prefill_kernel
     for page in (128, 0):
@@ -493,7 +539,7 @@ def compile_only(
                 NUM_KV_HEADS=HKV, GQA=HQ // HKV, HEAD=D, BLOCK_Q=cfg.block_q, TILE_N=cfg.tile_n,
                 PAGE=page, STAGES=cfg.stages, SINGLE_LOOP=cfg.single_loop,
                 WARP_SPEC=cfg.warp_spec, DOT_FP32=False, READAHEAD=cfg.readahead,
-                PAGE_BATCH=cfg.page_batch,
+                PAGE_BATCH=cfg.page_batch, SKEW=cfg.skew,
             )  # fmt: skip
             ptrs = ("out_ptr", "cu_q_ptr", "seq_lens_ptr", "block_table_ptr", "work_ptr")
             sig = {n: "constexpr" for n in consts}
@@ -507,7 +553,8 @@ def compile_only(
                 f"{'contiguous' if page == 0 else 'paged'} m={cfg.block_q * HQ // HKV} "
                 f"n={cfg.tile_n} w={cfg.num_warps} st={cfg.stages} "
                 f"one_loop={int(cfg.single_loop)} ws={int(cfg.warp_spec)} "
-                f"readahead={int(cfg.readahead)} page_batch={cfg.page_batch}"
+                f"readahead={int(cfg.readahead)} page_batch={cfg.page_batch} "
+                f"skew={int(cfg.skew)}"
             )
             try:
                 c = triton.compile(
@@ -520,9 +567,10 @@ def compile_only(
                 continue
             caps = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", c.asm["ptx"])
             print(
-                f"{tag}: warps {c.metadata.num_warps}, shared {c.metadata.shared} B, "
+                f"{tag}: warps {c.metadata.num_warps}, "
                 f"maxnreg {sorted({int(n) for _, n in caps}, reverse=True) or '-'}, "
-                f"TMA copies in the PTX {c.asm['ptx'].count('cp.async.bulk.tensor')}",
+                f"TMA copies in the PTX {c.asm['ptx'].count('cp.async.bulk.tensor')}, "
+                f"{stats_of(c)}",
                 flush=True,
             )
 
