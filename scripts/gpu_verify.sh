@@ -44,16 +44,15 @@ for step in "$@"; do
   echo "[gpu_verify] $step starts at $(date +%T)"
   case $step in
     tests)
-      # One pytest per kernel test file, all at once: most of their time is Triton compiling
-      # (CPU-bound), which the GPU machine's cores share out.
-      kernels=()
-      for file in tests/kernels/test_*.py tests/ops/test_*.py; do
-        python -m pytest -q "$file" > "$out/kernel-tests-$(basename "$file" .py).log" 2>&1 &
-        kernels+=($!)
-      done
+      # One pytest per kernel test file, three at a time beside the engines: most of their
+      # time is Triton compiling (CPU-bound), which the GPU machine's cores share out; three
+      # keep the GPU memory of their largest cases well apart from the engines'.
+      ls tests/kernels/test_*.py tests/ops/test_*.py | OUT="$out" xargs -P 3 -I {} \
+        sh -c 'python -m pytest -q "$1" > "$OUT/kernel-tests-$(basename "$1" .py).log" 2>&1' _ {} &
+      kernels=$!
       BWX_GPU_E2E_DIR=${BWX_GPU_E2E_DIR:-/tmp/bwx-gpu-e2e} BWX_GPU_E2E_JOBS=${BWX_GPU_E2E_JOBS:-6} \
         python -m pytest -q tests/gpu_e2e > "$out/gpu-e2e.log" 2>&1 || status=1
-      for pid in "${kernels[@]}"; do wait "$pid" || status=1; done
+      wait "$kernels" || status=1
       cp "${BWX_GPU_E2E_DIR:-/tmp/bwx-gpu-e2e}/summary.md" "$out/gpu-e2e-summary.md" 2>/dev/null
       tail -n 1 "$out"/kernel-tests-*.log "$out/gpu-e2e.log"
       ;;
