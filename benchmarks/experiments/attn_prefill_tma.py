@@ -56,22 +56,6 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _softmax_step(acc, l_i, m_i, q, k, v, s_mask, MASKED: tl.constexpr, qk_scale):
-    if q.dtype == tl.float32:  # the CPU interpreter (its bf16 dots multiply raw bits)
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
-    s = tl.dot(q, tl.trans(k)) * qk_scale
-    if MASKED:
-        s = tl.where(s_mask, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-    return acc, l_i, m_new
-
-
-@triton.jit
 def _scores(q, k, qk_scale):
     if q.dtype == tl.float32:  # the CPU interpreter (its bf16 dots multiply raw bits)
         k = k.to(tl.float32)
@@ -80,7 +64,7 @@ def _scores(q, k, qk_scale):
 
 @triton.jit
 def _softmax_pv(acc, l_i, m_i, s, v, DOT_FP32: tl.constexpr):
-    """The online-softmax step of a tile whose scores `s` are at hand (`_softmax_step`'s)."""
+    """The online-softmax step of a tile whose scores `s` are at hand."""
     if DOT_FP32:
         v = v.to(tl.float32)
     m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -89,6 +73,15 @@ def _softmax_pv(acc, l_i, m_i, s, v, DOT_FP32: tl.constexpr):
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     return acc, l_i, m_new
+
+
+@triton.jit
+def _softmax_step(acc, l_i, m_i, q, k, v, s_mask, MASKED: tl.constexpr, qk_scale):
+    s = _scores(q, k, qk_scale)
+    if MASKED:
+        s = tl.where(s_mask, s, float("-inf"))
+    DOT_FP32: tl.constexpr = q.dtype == tl.float32
+    return _softmax_pv(acc, l_i, m_i, s, v, DOT_FP32)
 
 
 @triton.jit
