@@ -568,31 +568,38 @@ def compile_only(
             )
 
 
-def compile_shipped(capability: int) -> None:
+def compile_shipped(
+    capability: int,
+    configs: tuple | None = None,
+    shapes: tuple[tuple[int, int], ...] = ((128, 4), (128, 1), (128, 16), (64, 4)),
+) -> None:
     """The product's `fresh_prefill` kernel (the contiguous route above, as BWX_ATTN launches
-    it) compiled offline for `capability`: registers, shared memory and spills (cuobjdump)."""
+    it) compiled offline for `capability` with each of `configs` (default: the GPU's) at each
+    (head, GQA) of `shapes`: registers, shared memory, spills and serialised wgmma."""
     from benchmarks.offline_compile import compile_offline
     from vllm_blackwell_ext.kernels import fresh_prefill as fp
 
-    cfg = fp._GPU_CONFIG
-    for head, gqa in ((128, 4), (128, 1), (128, 16), (64, 4)):
-        bq = cfg.block_m // gqa
-        consts = dict(
-            GQA=gqa, HEAD=head, BLOCK_Q=bq, TILE_N=cfg.tile_n, STAGES=cfg.num_stages,
-            DOT_FP32=False,
-        )  # fmt: skip
-        sig = {"q_desc": f"tensordesc<bf16[{bq},{gqa},{head}]>", "out_ptr": "*bf16"}
-        sig |= {n: f"tensordesc<bf16[{cfg.tile_n},{head}]>" for n in ("k_desc", "v_desc")}
-        sig |= {n: "*i32" for n in ("cu_q_ptr", "seq_lens_ptr")}
-        sig |= {n: "i32" for n in ("batch", "stride_ot", "stride_oh", "min_query_len")}
-        sig["qk_scale"] = "fp32"
-        # what the launches specialise on: 16-byte pointers, output strides of 16
-        aligned = ("out_ptr", "cu_q_ptr", "seq_lens_ptr", "stride_ot", "stride_oh")
-        stats = compile_offline(
-            fp._fresh_prefill_kernel, sig, consts, aligned, capability,
-            num_warps=cfg.num_warps, num_stages=3,
-        )  # fmt: skip
-        print(f"fresh_prefill head={head} gqa={gqa}: {stats}", flush=True)
+    for cfg in configs or (fp._GPU_CONFIG,):
+        for head, gqa in shapes:
+            bq = cfg.block_m // gqa
+            consts = dict(
+                GQA=gqa, HEAD=head, BLOCK_Q=bq, TILE_N=cfg.tile_n, STAGES=cfg.num_stages,
+                DOT_FP32=False, SKEW=cfg.skew_scores,
+            )  # fmt: skip
+            sig = {"q_desc": f"tensordesc<bf16[{bq},{gqa},{head}]>", "out_ptr": "*bf16"}
+            sig |= {n: f"tensordesc<bf16[{cfg.tile_n},{head}]>" for n in ("k_desc", "v_desc")}
+            sig |= {n: "*i32" for n in ("cu_q_ptr", "seq_lens_ptr")}
+            sig |= {n: "i32" for n in ("batch", "stride_ot", "stride_oh", "min_query_len")}
+            sig["qk_scale"] = "fp32"
+            # what the launches specialise on: 16-byte pointers, output strides of 16
+            aligned = ("out_ptr", "cu_q_ptr", "seq_lens_ptr", "stride_ot", "stride_oh")
+            stats = compile_offline(
+                fp._fresh_prefill_kernel, sig, consts, aligned, capability,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            )  # fmt: skip
+            tile = (f"m={cfg.block_m} n={cfg.tile_n} w={cfg.num_warps} st={cfg.num_stages} "
+                    f"skew={int(cfg.skew_scores)}")  # fmt: skip
+            print(f"fresh_prefill {tile} head={head} gqa={gqa}: {stats}", flush=True)
 
 
 def main() -> None:

@@ -60,28 +60,11 @@ def tag(cfg: fp.FreshPrefillConfig) -> str:
 def compile_only(capability: int) -> None:
     """Each config compiled offline for sm`capability`: registers, shared memory, spills and
     whether ptxas serialised the wgmma pipeline."""
-    from benchmarks.offline_compile import compile_offline
+    from benchmarks.experiments.attn_prefill_tma import compile_shipped
 
     print(f"# triton {triton.__version__}, offline compile for sm{capability}")
-    for cfg in CONFIGS:
-        cfg = cfg or fp._GPU_CONFIG
-        for head, gqa in ((128, 4), (64, 4)):
-            bq = cfg.block_m // gqa
-            consts = dict(
-                GQA=gqa, HEAD=head, BLOCK_Q=bq, TILE_N=cfg.tile_n, STAGES=cfg.num_stages,
-                DOT_FP32=False, SKEW=cfg.skew_scores,
-            )  # fmt: skip
-            sig = {"q_desc": f"tensordesc<bf16[{bq},{gqa},{head}]>", "out_ptr": "*bf16"}
-            sig |= {n: f"tensordesc<bf16[{cfg.tile_n},{head}]>" for n in ("k_desc", "v_desc")}
-            sig |= {n: "*i32" for n in ("cu_q_ptr", "seq_lens_ptr")}
-            sig |= {n: "i32" for n in ("batch", "stride_ot", "stride_oh", "min_query_len")}
-            sig["qk_scale"] = "fp32"
-            aligned = ("out_ptr", "cu_q_ptr", "seq_lens_ptr", "stride_ot", "stride_oh")
-            stats = compile_offline(
-                fp._fresh_prefill_kernel, sig, consts, aligned, capability,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            )  # fmt: skip
-            print(f"{tag(cfg)} head={head} gqa={gqa}: {stats}", flush=True)
+    configs = tuple(cfg or fp._GPU_CONFIG for cfg in CONFIGS)
+    compile_shipped(capability, configs, shapes=((128, 4), (64, 4)))
 
 
 def bench(only: str) -> None:
