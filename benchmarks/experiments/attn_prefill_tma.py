@@ -568,6 +568,12 @@ def compile_only(
             )
 
 
+def fresh_prefill_tag(cfg) -> str:
+    """A `FreshPrefillConfig` as the experiments' lines name it."""
+    return (f"m={cfg.block_m} n={cfg.tile_n} w={cfg.num_warps} st={cfg.num_stages} "
+            f"skew={int(cfg.skew_scores)}")  # fmt: skip
+
+
 def compile_shipped(
     capability: int,
     configs: tuple | None = None,
@@ -597,9 +603,8 @@ def compile_shipped(
                 fp._fresh_prefill_kernel, sig, consts, aligned, capability,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )  # fmt: skip
-            tile = (f"m={cfg.block_m} n={cfg.tile_n} w={cfg.num_warps} st={cfg.num_stages} "
-                    f"skew={int(cfg.skew_scores)}")  # fmt: skip
-            print(f"fresh_prefill {tile} head={head} gqa={gqa}: {stats}", flush=True)
+            print(f"fresh_prefill {fresh_prefill_tag(cfg)} head={head} gqa={gqa}: {stats}",
+                  flush=True)  # fmt: skip
 
 
 def main() -> None:

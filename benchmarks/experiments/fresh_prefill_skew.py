@@ -31,6 +31,7 @@ sys.path[:0] = [str(REPO), str(REPO / "src")]
 import torch
 import triton
 
+from benchmarks.experiments.attn_prefill_tma import compile_shipped, fresh_prefill_tag
 from vllm_blackwell_ext.kernels import fresh_prefill as fp
 from vllm_blackwell_ext.kernels.device import device_info
 
@@ -52,16 +53,9 @@ CASES = (
 )
 
 
-def tag(cfg: fp.FreshPrefillConfig) -> str:
-    return (f"m={cfg.block_m} n={cfg.tile_n} w={cfg.num_warps} st={cfg.num_stages} "
-            f"skew={int(cfg.skew_scores)}")  # fmt: skip
-
-
 def compile_only(capability: int) -> None:
     """Each config compiled offline for sm`capability`: registers, shared memory, spills and
     whether ptxas serialised the wgmma pipeline."""
-    from benchmarks.experiments.attn_prefill_tma import compile_shipped
-
     print(f"# triton {triton.__version__}, offline compile for sm{capability}")
     configs = tuple(cfg or fp._GPU_CONFIG for cfg in CONFIGS)
     compile_shipped(capability, configs, shapes=((128, 4), (64, 4)))
@@ -98,7 +92,8 @@ def bench(only: str) -> None:
         ref = None
         for cfg in CONFIGS:
             out = torch.empty_like(q)
-            label = tag(cfg or fp.fresh_prefill_config(info)) + (" (device)" if cfg is None else "")
+            label = fresh_prefill_tag(cfg or fp.fresh_prefill_config(info))
+            label += " (device)" if cfg is None else ""
             try:
                 call = functools.partial(
                     fp.fresh_prefill, q, k, v, out, cu, seq_lens, softmax_scale=D**-0.5, config=cfg
