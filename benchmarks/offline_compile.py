@@ -80,17 +80,61 @@ def _wgmma_serialized(sass: str) -> bool:
     return issued > 0 and 2 * waits > issued
 
 
-def _local_memory_in_loops(sass: str) -> bool:
-    """Whether a local load or store (LDL/STL) of `sass` lies inside a loop's address range."""
-    addressed = [
+def _addressed(sass: str) -> list[tuple[int, str]]:
+    """(address, instruction text) of each SASS instruction."""
+    return [
         (int(m.group(1), 16), m.group(2))
         for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
     ]
+
+
+def _loops(addressed: list[tuple[int, str]]) -> list[tuple[int, int]]:
+    """Address ranges (target, branch) of the backward branches: the loops."""
     loops = []
     for address, text in addressed:
         branch = re.search(r"\bBRA(?:\.\w+)*\s+(?:!?U?P\d+,\s*)?0x([0-9a-f]+)", text)
         if branch and int(branch.group(1), 16) < address:
             loops.append((int(branch.group(1), 16), address))
+    return loops
+
+
+# What `loop_schedule` lists: tensor-core issue and waits, CTA barriers, TMA copies and their
+# waits, and the softmax's exponentials.
+_SCHEDULE_OPS = re.compile(
+    r"\b(HGMMA\.\w+|WARPGROUP\.DEPBAR|BAR\.SYNC|UTMALDG\.\w+|SYNCS\.PHASECHK|MUFU\.EX2)"
+)
+
+
+def loop_schedule(sass: str) -> list[tuple[str, int]]:
+    """The order of `_SCHEDULE_OPS` in the loop that issues the most wgmma, as runs of one
+    opcode: [('HGMMA.64x32x16', 8), ('WARPGROUP.DEPBAR', 1), ...]. Empty without such a loop."""
+    addressed = _addressed(sass)
+    loops = _loops(addressed)
+    if not loops:
+        return []
+
+    def in_loop(loop: tuple[int, int]) -> list[str]:
+        ops = (_SCHEDULE_OPS.search(text) for address, text in addressed
+               if loop[0] <= address <= loop[1])  # fmt: skip
+        return [op.group(1) for op in ops if op]
+
+    def wgmma_issued(ops: list[str]) -> int:
+        return sum(op.startswith("HGMMA") for op in ops)
+
+    ops = max((in_loop(loop) for loop in loops), key=wgmma_issued)
+    runs: list[tuple[str, int]] = []
+    for op in ops:
+        if runs and runs[-1][0] == op:
+            runs[-1] = (op, runs[-1][1] + 1)
+        else:
+            runs.append((op, 1))
+    return runs
+
+
+def _local_memory_in_loops(sass: str) -> bool:
+    """Whether a local load or store (LDL/STL) of `sass` lies inside a loop's address range."""
+    addressed = _addressed(sass)
+    loops = _loops(addressed)
     return any(
         start <= address <= end
         for address, text in addressed
@@ -110,6 +154,32 @@ def compile_offline(
     num_stages: int,
     max_registers: int = 0,
 ) -> OfflineCompile:
+    """`compile_kernel`'s kernel, read by `stats_of`."""
+    return stats_of(
+        compile_kernel(
+            kernel,
+            signature,
+            constexprs,
+            aligned,
+            capability,
+            num_warps=num_warps,
+            num_stages=num_stages,
+            max_registers=max_registers,
+        )  # fmt: skip
+    )
+
+
+def compile_kernel(
+    kernel: Any,
+    signature: dict[str, str],
+    constexprs: dict[str, Any],
+    aligned: tuple[str, ...] | list[str],
+    capability: int,
+    *,
+    num_warps: int,
+    num_stages: int,
+    max_registers: int = 0,
+) -> Any:
     """Compile `kernel` for sm`capability` (e.g. 90) with the JIT's 16-divisibility
     specialisation on the `aligned` arguments (16-byte pointers, strides that are multiples
     of 16: without it the compiler can neither vectorise nor pipeline loads). `signature`
@@ -124,27 +194,33 @@ def compile_offline(
     options: dict[str, int] = dict(num_warps=num_warps, num_stages=num_stages)
     if max_registers:
         options["maxnreg"] = max_registers
-    compiled = triton.compile(
+    return triton.compile(
         ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs),
         target=GPUTarget("cuda", capability, 32),
         options=options,
     )
-    return stats_of(compiled)
+
+
+def _cuobjdump(compiled: Any, flag: str) -> str:
+    bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        return subprocess.run(
+            [bindir / "cuobjdump", flag, f.name], capture_output=True, text=True
+        ).stdout
+
+
+def sass_of(compiled: Any) -> str:
+    """The SASS of a kernel compiled by `triton.compile` for an NVIDIA target."""
+    return _cuobjdump(compiled, "-sass")
 
 
 def stats_of(compiled: Any) -> OfflineCompile:
     """What a kernel compiled by `triton.compile` for an NVIDIA target costs, read from its
     cubin with Triton's bundled cuobjdump."""
-    bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        usage = subprocess.run(
-            [bindir / "cuobjdump", "-res-usage", f.name], capture_output=True, text=True
-        ).stdout
-        sass = subprocess.run(
-            [bindir / "cuobjdump", "-sass", f.name], capture_output=True, text=True
-        ).stdout
+    usage = _cuobjdump(compiled, "-res-usage")
+    sass = sass_of(compiled)
     regs = re.search(r"REG:(\d+)", usage)
     stack = re.search(r"STACK:(\d+)", usage)
     return OfflineCompile(

@@ -24,6 +24,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "src")]  # run from a checkout: `benchmarks.*`, the package
@@ -226,10 +227,19 @@ def _inputs(heads: int, q_len: int, batch: int, ctx: int, fp8: bool) -> dict:
 def compile_offline(
     cfg: MlaDecodeConfig, capability: tuple[int, int], fp8: bool, kv_lora_rank: int = R
 ) -> OfflineCompile:
-    """Compile the split kernel for `capability` without a GPU."""
+    """Compile the split kernel for `capability` without a GPU: what it costs."""
+    from benchmarks.offline_compile import stats_of
+
+    return stats_of(compile_split_kernel(cfg, capability, fp8, kv_lora_rank))
+
+
+def compile_split_kernel(
+    cfg: MlaDecodeConfig, capability: tuple[int, int], fp8: bool, kv_lora_rank: int = R
+) -> Any:
+    """The split kernel as `cfg` launches it, compiled for `capability` without a GPU."""
     import triton.language as tl
 
-    from benchmarks.offline_compile import compile_offline as compile_for
+    from benchmarks.offline_compile import compile_kernel
     from vllm_blackwell_ext.kernels.mla_decode import (
         SUPPORTED_LATENT,
         _mla_decode_split_fp8_kernel,
@@ -272,7 +282,7 @@ def compile_offline(
     )
     aligned = [*ptrs, "stride_qt", "stride_qh", "stride_kv_page", "stride_kv_tok", "stride_pt",
                "stride_ph", "stride_ps", "stride_ot", "stride_oh"]  # fmt: skip
-    return compile_for(
+    return compile_kernel(
         k, sig, consts, aligned, capability[0] * 10 + capability[1],
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip

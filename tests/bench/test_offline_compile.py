@@ -1,9 +1,9 @@
-"""The offline-compile helper's readings of SASS: local-memory instructions inside loops, and
-Hopper wgmma pipelines that ptxas serialised."""
+"""The offline-compile helper's readings of SASS: local-memory instructions inside loops,
+Hopper wgmma pipelines that ptxas serialised, and the order of a loop's tensor-core work."""
 
 from __future__ import annotations
 
-from benchmarks.offline_compile import _local_memory_in_loops, _wgmma_serialized
+from benchmarks.offline_compile import _local_memory_in_loops, _wgmma_serialized, loop_schedule
 
 # cuobjdump -sass lines as they come: an address comment, the instruction, its encoding.
 PROLOGUE_STORE = """
@@ -49,3 +49,34 @@ def test_one_wait_per_group_of_wgmma_k_steps_is_a_pipeline():
 def test_a_wait_after_every_wgmma_is_serialised():
     assert _wgmma_serialized(_wgmma_group(8, wait_each=True) + _wgmma_group(4, wait_each=True))
     assert not _wgmma_serialized("FFMA R4, R3, R3, R4 ;\n")  # no wgmma at all
+
+
+# A prologue copy, then a loop: a TMA wait, two wgmma k-steps and their wait, the exponentials,
+# a barrier and the next tile's copy; then an epilogue wgmma outside the loop.
+KEY_LOOP = """
+        /*0080*/                   UTMALDG.2D [UR8], [UR4] ;                 /* 0x0000000001 */
+        /*0100*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P3, [UR5], R2 ;  /* 0x01 */
+        /*0110*/                   WARPGROUP.ARRIVE ;                        /* 0x0000000001 */
+        /*0120*/                   HGMMA.64x32x16.F32.BF16 R88, gdesc[UR12], RZ ;  /* 0x01 */
+        /*0130*/                   HGMMA.64x32x16.F32.BF16 R88, gdesc[UR16], R88 ; /* 0x01 */
+        /*0140*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;           /* 0x0000000001 */
+        /*0150*/                   MUFU.EX2 R4, R4 ;                         /* 0x0000000001 */
+        /*0160*/                   MUFU.EX2 R5, R5 ;                         /* 0x0000000001 */
+        /*0170*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;             /* 0x0000000001 */
+        /*0180*/               @P2 UTMALDG.2D [UR8], [UR4] ;                 /* 0x0000000001 */
+        /*0190*/               @P0 BRA 0x100 ;                               /* 0x0000000001 */
+        /*0200*/                   HGMMA.64x64x16.F32.BF16 R24, R120, gdesc[UR8], R24 ; /* 0x */
+        /*0210*/                   EXIT ;                                    /* 0x0000000001 */
+"""
+
+
+def test_loop_schedule_lists_the_loop_s_work_in_order_as_runs():
+    assert loop_schedule(KEY_LOOP) == [
+        ("SYNCS.PHASECHK", 1),
+        ("HGMMA.64x32x16", 2),
+        ("WARPGROUP.DEPBAR", 1),
+        ("MUFU.EX2", 2),
+        ("BAR.SYNC", 1),
+        ("UTMALDG.2D", 1),
+    ]
+    assert loop_schedule(KEY_LOOP.replace("@P0 BRA 0x100", "NOP")) == []  # no loop
