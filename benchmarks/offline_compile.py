@@ -143,30 +143,9 @@ def _local_memory_in_loops(sass: str) -> bool:
     )
 
 
-def compile_offline(
-    kernel: Any,
-    signature: dict[str, str],
-    constexprs: dict[str, Any],
-    aligned: tuple[str, ...] | list[str],
-    capability: int,
-    *,
-    num_warps: int,
-    num_stages: int,
-    max_registers: int = 0,
-) -> OfflineCompile:
-    """`compile_kernel`'s kernel, read by `stats_of`."""
-    return stats_of(
-        compile_kernel(
-            kernel,
-            signature,
-            constexprs,
-            aligned,
-            capability,
-            num_warps=num_warps,
-            num_stages=num_stages,
-            max_registers=max_registers,
-        )  # fmt: skip
-    )
+def compile_offline(*args: Any, **kwargs: Any) -> OfflineCompile:
+    """What `compile_kernel(*args, **kwargs)`'s kernel costs (`stats_of`)."""
+    return stats_of(compile_kernel(*args, **kwargs))
 
 
 def compile_kernel(
