@@ -6,9 +6,10 @@ with barrier and long-scoreboard stalls ahead (`h100-ncu-mla-tma.txt`). This com
 shipped Hopper TMA entries (`MLA_DECODE_TMA_CONFIGS["sm90"]`, 64 rows x 64 keys on 8 warps)
 offline with Triton's bundled ptxas, and prints the key loop's order of wgmma issue
 (HGMMA.MxNxK), wgmma waits (WARPGROUP.DEPBAR), CTA barriers (BAR.SYNC), TMA copies (UTMALDG)
-and their waits (SYNCS.PHASECHK) and the softmax's exponentials (MUFU.EX2), then the tensor-core
-work one program issues per tile against the work the tile needs (QK^T over R + P columns,
-P @ V over R), both counted from the HGMMA shapes: each instruction is issued by one warp group.
+and their waits (SYNCS.PHASECHK) and the softmax's exponentials (MUFU.EX2); the TTGIR's wgmma
+layouts (how the warps split each dot's result); then the tensor-core work one program issues
+per tile against the work the tile needs (QK^T over R + P columns, P @ V over R), both counted
+from the HGMMA shapes: each instruction is issued by one warp group.
 
     python benchmarks/experiments/mla_loop_schedule.py [--capability 90]
 """
@@ -55,6 +56,10 @@ def main() -> None:
             runs = loop_schedule(sass_of(compiled))
             print(f"== {kv_tag} {cfg}: {stats_of(compiled)}")
             print("   " + ", ".join(f"{op} x{n}" if n > 1 else op for op, n in runs))
+            # The wgmma layouts of the TTGIR: warps over (rows, columns) of each dot's result.
+            layouts = re.findall(r"nvidia_mma<\{[^}]*warpsPerCTA = (\[[\d, ]+\]), "
+                                 r"instrShape = (\[[\d, ]+\])", compiled.asm["ttgir"])  # fmt: skip
+            print("   wgmma layouts: " + ", ".join(f"warps {w} instr {i}" for w, i in layouts))
             # One warp group issues each HGMMA; a program has num_warps // 4 of them.
             issued = hgmma_flops(runs) * (cfg.num_warps // 4)
             needed = 2 * cfg.block_m * cfg.block_n * ((R + P) + R)
