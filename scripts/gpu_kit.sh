@@ -22,7 +22,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 kit_src="$root/.gpu_kit"
 vllm_version=${BWX_KIT_VLLM:-0.32.0}
 kit_dir=${BWX_KIT_DIR:-/tmp/bwx-kit-$vllm_version}
-piece_mib=${BWX_KIT_PIECE_MIB:-60}
+# A piece and the checkout travel together within the 64 MiB a command may carry.
+piece_mib=${BWX_KIT_PIECE_MIB:-52}
 # The wheels a CUDA vLLM engine needs on top of an image with torch 2.11, per vLLM version: the
 # torch, Triton, NCCL and torchvision it pins (why each: the README's "On a GPU machine"
 # section), and the requirements that version adds to scripts/gpu_kit_requirements.txt.
