@@ -1,9 +1,11 @@
 """`vllm serve` of a tiny model with the plugin installed answers an OpenAI-style completion
 request on 127.0.0.1; the server is bounded in time and always stopped. It is served twice: with
 BWX_ATTN (`--attention-backend BWX_ATTN` and the CPU opt-in, our kernels interpreted) and with
-vLLM's own CPU attention. The latter runs only where vLLM's kernel runs on this host (a
-standalone probe, `vllm_cpu_attention_probe`, says so first): on an Intel Xeon with AMX, vLLM's
-worker once died on the first request, with no traceback.
+vLLM's own CPU attention. The latter runs where vLLM's kernel runs on this host (a standalone
+probe, `vllm_cpu_attention_probe`, says so first). On an Intel Xeon with AMX, vllm-cpu 0.32's
+AMX kernel dies by SIGILL unless its process has asked Linux for AMX tile data, which it never
+does itself (a worker died on the first request, with no traceback): there, every server
+process asks at start (`amx_site/sitecustomize.py`), the path on which the probe saw it run.
 
 vllm-cpu 0.32's `vllm` console script fails before parsing anything: it asks for the version
 of the distribution "vllm", and the CPU build's distribution is named "vllm-cpu". The same
@@ -29,6 +31,7 @@ from tests.e2e.conftest import engine_env
 from tests.e2e.vllm_cpu_attention_probe import ProbeResult, probe
 
 STARTUP_TIMEOUT_S = 420
+AMX_SITE_DIR = Path(__file__).parent / "amx_site"
 LOG_TAIL_CHARS = 6000
 
 
@@ -91,13 +94,18 @@ ATTENTION_PATHS = {
 @pytest.mark.e2e
 @pytest.mark.parametrize("attention", list(ATTENTION_PATHS))
 def test_vllm_serve_answers_a_completion(attention, tiny_models, tmp_path, request):
+    extra_args, extra_env = ATTENTION_PATHS[attention]
+    trace = tmp_path / "trace"
+    # faulthandler in every server process: a worker killed by a signal (a kernel this CPU
+    # cannot run) prints the Python call it died in to the log.
+    env = engine_env(trace, {**extra_env, "PYTHONFAULTHANDLER": "1"})
     if attention == "vllm-cpu-attention":
         status = request.getfixturevalue("vllm_cpu_attention")
-        if not status.ok:
+        if status.runs_with_amx_permission:
+            env["PYTHONPATH"] = os.pathsep.join((str(AMX_SITE_DIR), env["PYTHONPATH"]))
+        elif not status.ok:
             pytest.skip(f"vLLM's own kernel cannot run on this host: {status.line}")
-    extra_args, extra_env = ATTENTION_PATHS[attention]
     port = _free_port()
-    trace = tmp_path / "trace"
     log_path = tmp_path / "serve.log"
     cmd = [
         sys.executable,
@@ -121,9 +129,7 @@ def test_vllm_serve_answers_a_completion(attention, tiny_models, tmp_path, reque
     with open(log_path, "w") as log:
         server = subprocess.Popen(
             cmd,
-            # faulthandler in every server process: a worker killed by a signal (a kernel
-            # this CPU cannot run) prints the Python call it died in to the log.
-            env=engine_env(trace, {**extra_env, "PYTHONFAULTHANDLER": "1"}),
+            env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

