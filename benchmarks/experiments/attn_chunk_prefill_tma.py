@@ -64,8 +64,8 @@ CASES = (
     ("prefill causal B=1 L=8k", [8192], 0),
 )
 PAGES = (16, 64, 128)
-# The product kernel's TMA tiles with page ids read this many pages at a time.
-SHIPPED_PAGE_BATCHES = (8, 16, 64)
+# The product kernel's TMA tiles with page ids read this many pages at a time (0: per tile).
+SHIPPED_PAGE_BATCHES = (0, 8, 16, 64)
 # Tiles must not cross a page: 64-key tiles on pages of 64, both widths on pages of 128.
 TMA_CONFIGS = (
     TmaConfig(32, 64, 8, 3), TmaConfig(32, 64, 8, 4),
@@ -112,11 +112,11 @@ def check() -> None:
         torch.testing.assert_close(x.out.float(), ref, atol=1e-2, rtol=1e-2)
 
 
-def shipped_us(x: Inputs, page_batch: int = 0) -> tuple[float, str]:
+def shipped_us(x: Inputs, page_batch: int | None = None) -> tuple[float, str]:
     """The product kernel on its own config, or with `tma_page_batch` set (TMA tiles only)."""
     k, v = kv_views(x)
     cfg = launch_config(x.q, k, v, x.max_seqlen_q)
-    if page_batch:
+    if page_batch is not None:
         cfg = replace(cfg, tma_page_batch=page_batch)
     max_k = int(x.seq_lens.max())
 
@@ -185,7 +185,7 @@ def compile_shipped() -> None:
         k, v = kv.transpose(1, 2).split(head, dim=-1)
         q = torch.zeros(300, HQ, head, dtype=torch.bfloat16)
         cfg = launch_config(q, k, v, 300, h100)
-        for page_batch in (0, *SHIPPED_PAGE_BATCHES):
+        for page_batch in SHIPPED_PAGE_BATCHES:
             with _recording_as(h100) as (attn, _merge):
                 paged_attention(
                     q, k, v, torch.empty_like(q), torch.tensor([0, 300], **i32),

@@ -88,6 +88,12 @@ PREFILL_WIDE_STAGES = 2
 # 7.5k 354.3 (367.7) -> 436.2. Pages of 64 with 64-key tiles did not gain (362.5), nor did
 # reading the block table one tile ahead (383.3 for the 2k chunk).
 PREFILL_TMA_STAGES = 3
+# Those tiles read the page ids of 64 pages in one vector load ahead of an inner loop over
+# their tiles (`AttnConfig.tma_page_batch`). H200, vLLM 0.32's environment (Triton 3.7.1),
+# TFLOP/s, page ids read per tile -> 16 -> 64 at a time (`attn_chunk_prefill_tma.py`,
+# `h200-attn-chunk-prefill-tma.txt`): 2k chunk after 14k 432.1 -> 496.3 -> 514.5, 8k after 24k
+# 467.9 -> 495.7 -> 500.1, 4 x 512 after 7.5k 409.8 -> 490.1 -> 498.4.
+PREFILL_TMA_PAGE_BATCH = 64
 PREFILL_TMA_CLASSES: tuple[str, ...] = ("sm90",)
 # Triton 3.6's bundled ptxas crashes compiling these tiles (error -11, H100, 128-key tiles of
 # head 64 and 128); 3.7.1 (vLLM 0.32's) compiles them without spills.
@@ -124,8 +130,8 @@ class AttnConfig:
     # load ahead of an inner loop over their tiles, instead of one block-table read in each
     # tile's iteration (0). Offline (sm90, Triton 3.7.1, head 128) that keeps three K/V stages
     # in shared memory where the per-tile read keeps two (230,400 vs 164,864 B; 209-214 vs 255
-    # registers: `offline-attn-tma-page-batch.txt`). Not yet timed on a GPU, so no table entry
-    # takes it.
+    # registers: `offline-attn-tma-page-batch.txt`); the Hopper prefill entry takes 64
+    # (PREFILL_TMA_PAGE_BATCH, timed there).
     tma_page_batch: int = 0
 
     def smem_estimate(self, head_k_pad: int, head_v_pad: int, kv_elem: int, q_elem: int) -> int:
@@ -235,7 +241,7 @@ def select_config(
     ):
         return AttnConfig(
             block_m, block_q, PREFILL_WIDE_TILE_N, num_warps, PREFILL_TMA_STAGES, True,
-            unmasked, False, pairs, tma_tiles=True,
+            unmasked, False, pairs, tma_tiles=True, tma_page_batch=PREFILL_TMA_PAGE_BATCH,
         )  # fmt: skip
     if big_smem and prefill and kv_elem == 2:
         return AttnConfig(
