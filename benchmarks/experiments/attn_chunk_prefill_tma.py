@@ -76,6 +76,8 @@ TMA_CONFIGS = (
     TmaConfig(32, 64, 8, 3, page_batch=32), TmaConfig(32, 128, 8, 2, page_batch=64),
     TmaConfig(32, 64, 8, 3, skew=True), TmaConfig(32, 64, 8, 4, skew=True),
     TmaConfig(32, 128, 8, 2, skew=True),
+    TmaConfig(32, 64, 8, 3, page_batch=32, skew=True),
+    TmaConfig(32, 64, 8, 4, page_batch=32, skew=True),
 )  # fmt: skip
 
 
@@ -89,7 +91,10 @@ def check() -> None:
     cases += [([33, 5], 64, 100, TmaConfig(4, 32, 4, 3, page_batch=4))]
     # Scores one tile ahead: the last ones asked for at the block's last key, never used.
     cases += [([40, 70], 32, 150, TmaConfig(8, 16, 4, 2, skew=True))]
+    # Both: scores one tile ahead within each batch of pages (2 tiles a page here).
+    cases += [([40, 70], 32, 150, TmaConfig(8, 16, 4, 2, page_batch=2, skew=True))]
     if device == "cuda":
+        cases += [([1000, 300], 128, 30000, TmaConfig(32, 64, 8, 3, page_batch=32, skew=True))]
         cases += [([1000, 300], 128, 3000, TmaConfig(32, 64, 8, 3, skew=True))]
         cases += [([1000, 300], 128, 3000, TmaConfig(32, 128, 8, 3, readahead=True))]
         cases += [([1000, 300], 64, 3000, TmaConfig(32, 64, 8, 4, readahead=True))]
@@ -162,7 +167,8 @@ def bench(only: str) -> None:
                     continue
                 tag = (
                     f"tma paged m={cfg.block_q * HQ // HKV} n={cfg.tile_n} w={cfg.num_warps} "
-                    f"st={cfg.stages} readahead={int(cfg.readahead)} page_batch={cfg.page_batch}"
+                    f"st={cfg.stages} readahead={int(cfg.readahead)} page_batch={cfg.page_batch} "
+                    f"skew={int(cfg.skew)}"
                 )
                 report_tma(f"{name}: page={page} {tag}", x, cfg, None, ref, flops)
             del x, ref

@@ -212,14 +212,31 @@ def _tma_prefill_kernel(
         for b0 in range(0, full_hi, BATCH_TILES):
             p0 = b0 // TILES_PER_PAGE
             pages = tl.load(bt_row + p0 + offs_pb, mask=p0 + offs_pb < num_pages, other=0)
-            for t in tl.range(0, tl.minimum(full_hi - b0, BATCH_TILES), num_stages=STAGES):
-                start = (b0 + t) * TILE_N
-                row = _page_row(pages, offs_pb, t // TILES_PER_PAGE, start, kv_head,
-                                NUM_KV_HEADS, PAGE)  # fmt: skip
-                k = k_desc.load([row, k_col])
-                v = v_desc.load([row, v_col])
-                visible = (start + offs_n)[None, :] <= q_pos[:, None]
-                acc, l_i, m_i = _softmax_step(acc, l_i, m_i, q, k, v, visible, False, qk_scale)
+            batch_tiles = tl.minimum(full_hi - b0, BATCH_TILES)
+            if SKEW:
+                # SKEW within each batch: the batch's first scores ahead of its loop; the
+                # last tile's scores are asked for again at its end and go unused.
+                row_v = _page_row(pages, offs_pb, 0, b0 * TILE_N, kv_head, NUM_KV_HEADS, PAGE)
+                s = _scores(q, k_desc.load([row_v, k_col]), qk_scale)
+                for t in tl.range(0, batch_tiles, num_stages=STAGES):
+                    t_next = tl.minimum(t + 1, batch_tiles - 1)
+                    start_next = (b0 + t_next) * TILE_N
+                    row_k = _page_row(pages, offs_pb, t_next // TILES_PER_PAGE, start_next,
+                                      kv_head, NUM_KV_HEADS, PAGE)  # fmt: skip
+                    s_next = _scores(q, k_desc.load([row_k, k_col]), qk_scale)
+                    v = v_desc.load([row_v, v_col])
+                    acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, DOT_FP32)
+                    s = s_next
+                    row_v = row_k
+            else:
+                for t in tl.range(0, batch_tiles, num_stages=STAGES):
+                    start = (b0 + t) * TILE_N
+                    row = _page_row(pages, offs_pb, t // TILES_PER_PAGE, start, kv_head,
+                                    NUM_KV_HEADS, PAGE)  # fmt: skip
+                    k = k_desc.load([row, k_col])
+                    v = v_desc.load([row, v_col])
+                    visible = (start + offs_n)[None, :] <= q_pos[:, None]
+                    acc, l_i, m_i = _softmax_step(acc, l_i, m_i, q, k, v, visible, False, qk_scale)
     elif SKEW:
         # As the product's `fresh_prefill` with `skew_scores`: the softmax of tile j runs
         # beside the tensor cores' work on tile j + 1's scores and tile j - 1's P @ V. The
@@ -275,7 +292,7 @@ class TmaConfig:
     warp_spec: bool = False  # needs single_loop (Triton 3.6's Hopper pass fails otherwise)
     readahead: bool = False  # paged: each tile's page read one iteration ahead
     page_batch: int = 0  # paged, > 0: page ids read this many at a time, ahead of the tiles
-    skew: bool = False  # each tile's scores asked for one tile ahead (two loops, no batches)
+    skew: bool = False  # each tile's scores asked for one tile ahead (two loops; within batches)
 
 
 def query_blocks(cu: torch.Tensor, block_q: int) -> torch.Tensor:
@@ -294,8 +311,8 @@ def tma_prefill(
     nb, hkv, page, two_d = kv.shape
     head = two_d // 2
     gqa = q.shape[1] // hkv
-    if cfg.skew and (cfg.single_loop or cfg.readahead or cfg.page_batch or cfg.warp_spec):
-        raise ValueError(f"cfg: skew alone (two loops, page ids per tile) expected, got {cfg}")
+    if cfg.skew and (cfg.single_loop or cfg.readahead or cfg.warp_spec):
+        raise ValueError(f"cfg: skew with two loops, no readahead expected, got {cfg}")
     if contig is not None:
         if cfg.readahead or cfg.page_batch:
             raise ValueError(f"cfg: a contiguous read has no pages to read ahead, got {cfg}")
