@@ -128,6 +128,19 @@ def _page_row(pages, offs_pb, index, start, kv_head, NUM_KV_HEADS, PAGE: tl.cons
 
 
 @triton.jit
+def _skewed_step(
+    q, k_desc, v_desc, row_k, k_col, row_v, v_col, s, acc, l_i, m_i, qk_scale,
+    DOT_FP32: tl.constexpr,
+):  # fmt: skip
+    """One skewed step: ask for the next tile's scores (key row `row_k`), then run this
+    tile's softmax and P @ V (scores `s`, value row `row_v`); returns the next scores."""
+    s_next = _scores(q, k_desc.load([row_k, k_col]), qk_scale)
+    v = v_desc.load([row_v, v_col])
+    acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, DOT_FP32)
+    return s_next, acc, l_i, m_i
+
+
+@triton.jit
 def _tma_prefill_kernel(
     q_desc,  # q as [T, H, HEAD], block [BLOCK_Q, GQA, HEAD]
     # Paged: both the cache as 2D [num_blocks * HKV * PAGE, 2 * HEAD], block [TILE_N, HEAD].
@@ -223,10 +236,10 @@ def _tma_prefill_kernel(
                     start_next = (b0 + t_next) * TILE_N
                     row_k = _page_row(pages, offs_pb, t_next // TILES_PER_PAGE, start_next,
                                       kv_head, NUM_KV_HEADS, PAGE)  # fmt: skip
-                    s_next = _scores(q, k_desc.load([row_k, k_col]), qk_scale)
-                    v = v_desc.load([row_v, v_col])
-                    acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, DOT_FP32)
-                    s = s_next
+                    s, acc, l_i, m_i = _skewed_step(
+                        q, k_desc, v_desc, row_k, k_col, row_v, v_col, s, acc, l_i, m_i,
+                        qk_scale, DOT_FP32,
+                    )  # fmt: skip
                     row_v = row_k
             else:
                 for t in tl.range(0, batch_tiles, num_stages=STAGES):
@@ -246,10 +259,10 @@ def _tma_prefill_kernel(
         for j in tl.range(0, full_hi, num_stages=STAGES):
             ahead = tl.minimum((j + 1) * TILE_N, pos_last)
             row_k = _tile_row(bt_row, ahead, q_start, kv_head, NUM_KV_HEADS, PAGE)
-            s_next = _scores(q, k_desc.load([row_k, k_col]), qk_scale)
-            v = v_desc.load([row_v, v_col])
-            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, DOT_FP32)
-            s = s_next
+            s, acc, l_i, m_i = _skewed_step(
+                q, k_desc, v_desc, row_k, k_col, row_v, v_col, s, acc, l_i, m_i, qk_scale,
+                DOT_FP32,
+            )  # fmt: skip
             row_v = row_k
     else:
         for j in tl.range(0, full_hi, num_stages=STAGES, warp_specialize=WARP_SPEC):
