@@ -34,14 +34,18 @@ def test_probe_runs_vllms_own_kernel_and_checks_it():
 
 @pytest.mark.parametrize("site", [False, True])
 def test_amx_site_grants_amx_tile_data_at_start_where_the_cpu_has_amx_tiles(site):
-    # A fresh interpreter, as a server's spawned worker is: without amx_site it holds no AMX
-    # tile data; with it, exactly where the CPU has AMX tiles.
-    path = [str(REPO / "tests" / "e2e" / "amx_site")] if site else []
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, str(REPO)])}
-    check = "from tests.e2e.amx_tile_data import has_amx_tile_data; print(has_amx_tile_data())"
+    # A fresh interpreter, as a server's spawned worker is, with amx_site alone on its path
+    # (or nothing): without it no AMX tile data; with it, exactly where the CPU has AMX tiles.
+    site_dir = str(REPO / "tests" / "e2e" / "amx_site")
+    env = {**os.environ, "PYTHONPATH": site_dir if site else ""}
+    check = (
+        f"import sys; sys.path.insert(0, {site_dir!r}); "
+        "from amx_tile_data import has_amx_tile_data; print(has_amx_tile_data())"
+    )
     done = subprocess.run(
         [sys.executable, "-c", check], env=env, capture_output=True, text=True, check=True
     )
+    assert "Error in sitecustomize" not in done.stderr, done.stderr
     assert done.stdout.strip() == str(site and HAS_AMX_TILES)
 
 

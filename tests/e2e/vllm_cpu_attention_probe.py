@@ -220,9 +220,8 @@ def probe(
     Linux lets a process use AMX tile data only after it asks (arch_prctl
     ARCH_REQ_XCOMP_PERM). vLLM's CPU attention never asks; in an engine worker oneDNN does,
     when it first runs an AMX GEMM. A kernel killed by a signal is therefore run once more
-    in a child that asks first (`amx_tile_data.request_amx_tile_data()`), and the line says
-    how that went: by default where this CPU has AMX tiles, or as `retry_with_amx_permission`
-    says.
+    in a child that asks first (`amx_site/amx_tile_data.py`), and the line says how that
+    went: by default where this CPU has AMX tiles, or as `retry_with_amx_permission` says.
     """
     first = _run_child(isa, timeout, request_amx=False)
     if not first.killed:
@@ -254,7 +253,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.request_amx_permission:
-        from tests.e2e.amx_tile_data import request_amx_tile_data
+        from tests.e2e.amx_site.amx_tile_data import request_amx_tile_data
 
         granted = request_amx_tile_data()
         print(f"{AMX_PERMISSION_LINE}{'granted' if granted else 'not granted'}", flush=True)

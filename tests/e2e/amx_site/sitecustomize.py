@@ -1,6 +1,7 @@
 """Every Python process started with this folder on PYTHONPATH (a server, its engine core, its
-spawned workers) asks Linux for AMX tile data at start (`tests/e2e/amx_tile_data.py` says why)."""
+spawned workers) asks Linux for AMX tile data at start (`amx_tile_data.py` beside it says why).
+Self-contained: the processes need nothing else of the checkout on their path."""
 
-from tests.e2e.amx_tile_data import request_amx_tile_data
+from amx_tile_data import request_amx_tile_data
 
 request_amx_tile_data()

