@@ -2,7 +2,8 @@
 
 For decode batches, a draft block and mixed batches (pages of 16, and of 128 where a Hopper
 prefill reads TMA tiles) it prints, per call, without synchronising: the whole call with and
-without input checks, without them through Triton's binder instead of cached handles
+without input checks, without them but deriving the cache's layout (`paged_cache_layout`: TMA
+page size, descriptors) per call instead of once, through Triton's binder instead of cached handles
 (`kernels/launch_cache.py`), with TMA descriptors encoded by Triton on every launch instead
 of once per cache (where the launch has descriptors), the bare launch of the same compiled
 handle three or four ways (tensors through the handle's runner, addresses through it,
@@ -98,6 +99,8 @@ def main() -> None:
         print(f"== {c.name}", flush=True)
         print(f"  paged_attention checked       {per_call_us(checked):7.1f} us/call")
         print(f"  paged_attention unchecked     {per_call_us(unchecked):7.1f} us/call")
+        per_call_layout = ours_fn(c, x, ws, check_inputs=False, cache_layout=None)
+        print(f"  unchecked, layout per call    {per_call_us(per_call_layout):7.1f} us/call")
         launchers = (pa._ATTN_LAUNCHER, pa._MERGE_LAUNCHER)
         for launcher in launchers:
             launcher.enabled = False

@@ -28,6 +28,7 @@ from vllm.config import CacheConfig, ModelConfig, VllmConfig  # noqa: E402
 from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
 
+from vllm_blackwell_ext.attention import bwx_attn  # noqa: E402
 from vllm_blackwell_ext.attention.bwx_attn import (  # noqa: E402
     BwxAttentionBackend,
     BwxAttentionImpl,
@@ -378,8 +379,29 @@ def test_fresh_prompts_take_the_tma_kernel_where_the_layer_allows_and_match_torc
         step=step,
     )  # fmt: skip
     assert md.fresh_prefill, "the builder saw the fresh prompt"
+    assert not md.only_fresh_prefill
     assert step["impl"]._takes_fresh_prefill is takes_fresh
     _assert_close(got, expected, dtype)
+
+
+@pytest.mark.parametrize(("kv_cache_dtype", "launches_paged"), [("auto", False), ("fp8", True)])
+def test_a_batch_of_fresh_prompts_only_launches_no_paged_kernel_where_the_layer_takes_them(
+    vllm_configs, monkeypatch, kv_cache_dtype, launches_paged
+):
+    # Every request is a fresh prompt: a layer that takes them leaves the paged kernel
+    # nothing to do and does not launch it; an fp8 layer (which does not) still does.
+    monkeypatch.delenv(FRESH_PREFILL_ENV, raising=False)  # on by default
+    paged_calls = []
+    paged = bwx_attn.paged_attention
+    monkeypatch.setattr(
+        bwx_attn, "paged_attention", lambda *a, **kw: paged_calls.append(1) or paged(*a, **kw)
+    )
+    got, expected, md = _run_step(
+        vllm_configs, [Request(0, 150), Request(0, 130)], kv_cache_dtype=kv_cache_dtype
+    )
+    assert md.fresh_prefill and md.only_fresh_prefill
+    assert bool(paged_calls) is launches_paged
+    _assert_close(got, expected, torch.bfloat16)
 
 
 def test_batches_without_a_fresh_prompt_plan_none(vllm_configs, monkeypatch):
@@ -595,17 +617,18 @@ def test_values_narrower_or_wider_than_keys_never_reach_vllms_cache_writer(vllm_
 
 
 def test_cache_views_live_as_long_as_vllms_cache_tensor():
-    # The K/V views made on the first forward are kept on the cache tensor itself: once vLLM
-    # drops its reference (its profiling cache), nothing of the layer holds the memory, and
-    # the layer checks the next cache it is handed.
+    # The K/V views (and their layout's TMA descriptors) made on the first forward are kept on
+    # the cache tensor itself: once vLLM drops its reference (its profiling cache), nothing of
+    # the layer holds the memory, and the layer checks the next cache it is handed.
     impl = BwxAttentionImpl(NUM_HEADS, HEAD_SIZE, 0.125, NUM_KV_HEADS, None, None, "auto")
     kv_cache = _kv_cache("auto", torch.bfloat16, HEAD_SIZE)
-    first = impl._kv_views(kv_cache)
-    assert impl._kv_views(kv_cache)[0] is first[0]  # made once per tensor
+    first = impl._cache_layout(kv_cache)
+    assert impl._cache_layout(kv_cache) is first  # made once per tensor
+    first.descriptors(16)  # TMA descriptors of the views, kept in the layout
     impl._inputs_checked = True
     alive = weakref.ref(kv_cache)
     del kv_cache, first
     gc.collect()
     assert alive() is None, "the layer keeps a cache vLLM has dropped"
-    impl._kv_views(_kv_cache("auto", torch.bfloat16, HEAD_SIZE))
+    impl._cache_layout(_kv_cache("auto", torch.bfloat16, HEAD_SIZE))
     assert not impl._inputs_checked

@@ -40,6 +40,7 @@ from vllm_blackwell_ext.kernels.paged_attention import (
     SplitKVWorkspace,
     launch_config,
     paged_attention,
+    paged_cache_layout,
     plan_split_kv,
 )
 from vllm_blackwell_ext.kernels.paged_attention_configs import (
@@ -587,6 +588,33 @@ def test_tma_tiles_are_refused_for_a_cache_they_cannot_read():
     args, kw = _base_args(wide)
     with pytest.raises(ValueError, match="heads in \\(64, 128\\)"):
         paged_attention(*args, **kw, config=cfg)
+
+
+def test_cache_layout_made_once_gives_the_same_output_and_must_be_the_caches_own():
+    """`paged_cache_layout`, made once and passed per call (what BWX_ATTN's forward does),
+    launches the same TMA tiles bit for bit; a layout of other tensors is refused."""
+    if ON_GPU and triton_version() < PREFILL_TMA_MIN_TRITON:
+        pytest.skip("this Triton's ptxas crashes compiling TMA tiles (3.6); 3.7+ takes them")
+    case = make_case(
+        [20, 33], [50, 33], num_q_heads=4, num_kv_heads=2, head_size=64, block_size=16,
+        dtype=torch.float16,
+    )  # fmt: skip
+    args, kw = _base_args(case)
+    cfg = replace(
+        launch_config(case["q"], case["key_cache"], case["value_cache"], 33),
+        block_m=32, block_q=8, tile_n=16, num_stages=2, prefetch_pages=False, tma_tiles=True,
+    )  # fmt: skip
+    layout = paged_cache_layout(case["key_cache"], case["value_cache"])
+    assert layout.tma_page_size == 16
+    assert layout.descriptors(16) is layout.descriptors(16)  # made once per tile
+    per_call = paged_attention(*args, **kw, config=cfg).clone()
+    args[3].zero_()
+    once = paged_attention(*args, **kw, config=cfg, cache_layout=layout, check_inputs=False)
+    total = case["total"]
+    torch.testing.assert_close(once[:total], per_call[:total], atol=0, rtol=0)
+    other = paged_cache_layout(case["key_cache"].clone(), case["value_cache"])
+    with pytest.raises(ValueError, match="cache_layout: expected paged_cache_layout"):
+        paged_attention(*args, **kw, config=cfg, cache_layout=other, check_inputs=False)
 
 
 def test_hopper_prefill_takes_tma_tiles_on_pages_of_whole_tiles_only():

@@ -50,14 +50,16 @@ from vllm_blackwell_ext.kernels.device import DeviceInfo, device_class_of, devic
 from vllm_blackwell_ext.kernels.fresh_prefill import (
     FRESH_PREFILL_MIN_QUERY_LEN,
     fresh_prefill,
+    fresh_prefill_requests,
     fresh_prefill_supported,
-    has_fresh_prefill,
 )
 from vllm_blackwell_ext.kernels.paged_attention import (
     SUPPORTED_HEAD_SIZES,
+    PagedCacheLayout,
     SplitKVWorkspace,
     launch_config,
     paged_attention,
+    paged_cache_layout,
     plan_split_kv,
 )
 from vllm_blackwell_ext.kernels.paged_attention_configs import (
@@ -72,7 +74,7 @@ logger = init_logger(f"vllm.{__name__}")
 # The support matrix: the kernel's head sizes (SUPPORTED_HEAD_SIZES) and capability floors.
 # Page sizes: any multiple of 16 (the kernel walks pages token-tile by token-tile).
 BLOCK_SIZE_MULTIPLE = 16
-# Attribute of vLLM's cache tensor holding our K/V views of it (see `_kv_views`).
+# Attribute of vLLM's cache tensor holding our K/V views of it (see `_cache_layout`).
 _KV_VIEWS_ATTR = "_bwx_kv_views"
 MIN_CAPABILITY = DeviceCapability(*kernel_device.MIN_CAPABILITY)
 MIN_FP8_CAPABILITY = DeviceCapability(*kernel_device.MIN_FP8_CAPABILITY)
@@ -220,6 +222,8 @@ class BwxAttentionMetadata:
     # A request without cached context and of FRESH_PREFILL_MIN_QUERY_LEN+ queries is in the
     # batch (host view): layers that can run `fresh_prefill` on it beside the paged kernel.
     fresh_prefill: bool = False
+    # Every request is such a one: those layers launch `fresh_prefill` alone.
+    only_fresh_prefill: bool = False
 
 
 class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]):
@@ -331,7 +335,7 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
         # The plan infers the request count from tokens / max_query_len; padding rows
         # (CUDA-graph padding, slot -1) would inflate it, and the host knows the real count.
         planned_tokens = min(cm.num_actual_tokens, cm.num_reqs * max(cm.max_query_len, 1))
-        fresh = False
+        fresh = only_fresh = False
         # Host copies of the lengths (vLLM's upper bound is exact for prefill rows, the only
         # rows the rule can take); without them every request stays with the paged kernel.
         # Each layer decides on its own whether it takes them (`_fresh_prefill_layer`).
@@ -342,7 +346,10 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
             and cm.max_query_len >= FRESH_PREFILL_MIN_QUERY_LEN
             and seq_lens_cpu is not None
         ):
-            fresh = has_fresh_prefill(cm.query_start_loc_cpu[: cm.num_reqs + 1], seq_lens_cpu)
+            requests = fresh_prefill_requests(
+                cm.query_start_loc_cpu[: cm.num_reqs + 1], seq_lens_cpu
+            )
+            fresh, only_fresh = bool(requests.any()), bool(requests.all())
         return BwxAttentionMetadata(
             num_actual_tokens=cm.num_actual_tokens,
             max_query_len=cm.max_query_len,
@@ -355,6 +362,7 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
             num_splits=self.plan(planned_tokens, cm.max_query_len, cm.max_seq_len),
             workspace=self.workspace,
             fresh_prefill=fresh,
+            only_fresh_prefill=only_fresh,
         )
 
 
@@ -438,8 +446,9 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
 
     # -- cache views -------------------------------------------------------------------
 
-    def _kv_views(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V views [num_blocks, block_size, num_kv_heads, head_size] of vLLM's cache.
+    def _cache_layout(self, kv_cache: torch.Tensor) -> PagedCacheLayout:
+        """K and V views [num_blocks, block_size, num_kv_heads, head_size] of vLLM's cache,
+        with what launches derive from them (`PagedCacheLayout`).
 
         vLLM hands every step the same cache tensor: the views are made once per tensor
         (eager forwards would pay microseconds of host time per view op on every layer) and
@@ -448,7 +457,7 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
         """
         cached = getattr(kv_cache, _KV_VIEWS_ATTR, None)
         if cached is not None and cached[0] == self._views_key:
-            return cached[1], cached[2]
+            return cached[1]
         key_cache, value_cache = kv_cache.transpose(1, 2).split(
             [self.head_size, kv_cache.shape[-1] - self.head_size], dim=-1
         )
@@ -456,9 +465,10 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
             # vLLM allocates fp8 caches as uint8: reinterpret, never convert.
             key_cache = key_cache.view(self.fp8_dtype)
             value_cache = value_cache.view(self.fp8_dtype)
-        setattr(kv_cache, _KV_VIEWS_ATTR, (self._views_key, key_cache, value_cache))
+        layout = paged_cache_layout(key_cache, value_cache)
+        setattr(kv_cache, _KV_VIEWS_ATTR, (self._views_key, layout))
         self._inputs_checked = False  # a cache this layer has not launched over yet
-        return key_cache, value_cache
+        return layout
 
     # -- cache write -------------------------------------------------------------------
 
@@ -483,7 +493,8 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
         """
         if kv_cache.numel() == 0:
             return
-        key_cache, value_cache = self._kv_views(kv_cache)
+        layout = self._cache_layout(kv_cache)
+        key_cache, value_cache = layout.key_cache, layout.value_cache
         if self._vllm_cache_writer is not None and value.shape[-1] == self.head_size:
             self._vllm_cache_writer(
                 key,
@@ -547,7 +558,8 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
         if self.sinks is not None and self._sinks_f32 is None:
             # Only when vLLM never called process_weights_after_loading (direct use).
             self.process_weights_after_loading(self.sinks.dtype)
-        key_cache, value_cache = self._kv_views(kv_cache)
+        layout = self._cache_layout(kv_cache)
+        key_cache, value_cache = layout.key_cache, layout.value_cache
         quantized = self.fp8_dtype is not None
         # A DFlash draft mixing sliding (causal) and full (non-causal) layers runs under one
         # batch-wide causal flag in vLLM 0.32's default runner; such layers carry their own
@@ -560,37 +572,45 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
             and self._fresh_prefill_layer(query, key_cache, value_cache, layer_causal, window)
         )
         # query/output are passed whole: the kernel writes only the rows of cu_seqlens_q and
-        # leaves padding rows alone, so no per-call slicing (host time) is needed.
-        paged_attention(
-            query,
-            key_cache,
-            value_cache,
-            output,
-            attn_metadata.query_start_loc,
-            attn_metadata.seq_lens,
-            attn_metadata.block_table,
-            max_seqlen_q=attn_metadata.max_query_len,
-            max_seqlen_k=attn_metadata.max_seq_len,
-            softmax_scale=self.scale,
-            causal=attn_metadata.causal if layer_causal is None else layer_causal,
-            sliding_window=window,
-            sinks=self._sinks_f32,
-            softcap=self.logits_soft_cap,
-            k_scale=layer._k_scale if quantized else None,
-            v_scale=layer._v_scale if quantized else None,
-            workspace=attn_metadata.workspace,
-            num_splits=attn_metadata.num_splits,
-            check_inputs=not self._inputs_checked,
-            skip_fresh_from=FRESH_PREFILL_MIN_QUERY_LEN if fresh else 0,
-        )
-        self._inputs_checked = True
-        if not self._prefill_reads_logged and attn_metadata.max_query_len > SPLIT_KV_MAX_QUERY_LEN:
-            self._prefill_reads_logged = True
-            cfg = launch_config(query, key_cache, value_cache, attn_metadata.max_query_len)
-            if cfg.tma_tiles:
-                logger.info_once(
-                    "BWX_ATTN: prefill reads the cache's %d-key tiles through TMA", cfg.tile_n
-                )
+        # leaves padding rows alone, so no per-call slicing (host time) is needed. A batch of
+        # fresh prompts only leaves the paged kernel nothing to do: it is not launched.
+        if not (fresh and attn_metadata.only_fresh_prefill):
+            paged_attention(
+                query,
+                key_cache,
+                value_cache,
+                output,
+                attn_metadata.query_start_loc,
+                attn_metadata.seq_lens,
+                attn_metadata.block_table,
+                max_seqlen_q=attn_metadata.max_query_len,
+                max_seqlen_k=attn_metadata.max_seq_len,
+                softmax_scale=self.scale,
+                causal=attn_metadata.causal if layer_causal is None else layer_causal,
+                sliding_window=window,
+                sinks=self._sinks_f32,
+                softcap=self.logits_soft_cap,
+                k_scale=layer._k_scale if quantized else None,
+                v_scale=layer._v_scale if quantized else None,
+                workspace=attn_metadata.workspace,
+                num_splits=attn_metadata.num_splits,
+                check_inputs=not self._inputs_checked,
+                skip_fresh_from=FRESH_PREFILL_MIN_QUERY_LEN if fresh else 0,
+                cache_layout=layout,
+            )
+            self._inputs_checked = True
+            if (
+                not self._prefill_reads_logged
+                and attn_metadata.max_query_len > SPLIT_KV_MAX_QUERY_LEN
+            ):
+                self._prefill_reads_logged = True
+                if layout.tma_page_size is not None:
+                    cfg = launch_config(query, key_cache, value_cache, attn_metadata.max_query_len)
+                    if cfg.tma_tiles:
+                        logger.info_once(
+                            "BWX_ATTN: prefill reads the cache's %d-key tiles through TMA",
+                            cfg.tile_n,
+                        )
         if fresh:
             # The requests the paged kernel skipped, from this step's own K/V (the same values
             # the cache holds: a cache in the query's dtype is one condition of the layer).

@@ -32,6 +32,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from vllm_blackwell_ext.kernels.checks import check_index, fail
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
+from vllm_blackwell_ext.kernels.launch_cache import DEFAULT_NUM_STAGES, CachedLauncher
 from vllm_blackwell_ext.kernels.paged_attention import _find_request
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "FreshPrefillConfig",
     "fresh_prefill",
     "fresh_prefill_config",
+    "fresh_prefill_requests",
     "fresh_prefill_supported",
     "has_fresh_prefill",
 ]
@@ -113,12 +115,17 @@ def fresh_prefill_supported(
     )
 
 
-def has_fresh_prefill(query_start_loc: torch.Tensor, seq_lens: torch.Tensor) -> bool:
-    """Whether a batch holds a request this kernel takes, from host copies of its
-    `cu_seqlens_q` ([requests + 1]) and `seq_lens` (at least [requests])."""
+def fresh_prefill_requests(query_start_loc: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """Which requests of a batch this kernel takes (bool per request), from host copies of its
+    `cu_seqlens_q` ([requests + 1]) and `seq_lens` (at least [requests]; an upper bound is
+    enough: a request it calls fresh has seq_len == query_len, the least it can have)."""
     q_lens = query_start_loc[1:] - query_start_loc[:-1]
-    fresh = (q_lens >= FRESH_PREFILL_MIN_QUERY_LEN) & (seq_lens[: q_lens.shape[0]] == q_lens)
-    return bool(fresh.any())
+    return (q_lens >= FRESH_PREFILL_MIN_QUERY_LEN) & (seq_lens[: q_lens.shape[0]] == q_lens)
+
+
+def has_fresh_prefill(query_start_loc: torch.Tensor, seq_lens: torch.Tensor) -> bool:
+    """Whether a batch holds a request this kernel takes (`fresh_prefill_requests`)."""
+    return bool(fresh_prefill_requests(query_start_loc, seq_lens).any())
 
 
 @triton.jit
@@ -238,6 +245,10 @@ def _fresh_prefill_kernel(
     )
 
 
+# Through compiled handles (`launch_cache`): prefill layers launch it eagerly on every step.
+_FRESH_PREFILL_LAUNCHER = CachedLauncher(_fresh_prefill_kernel)
+
+
 def _check_activation(name: str, t: object, q: torch.Tensor, shape: tuple[int, ...]) -> None:
     if not isinstance(t, torch.Tensor):
         fail(TypeError, name, "a torch.Tensor", type(t).__name__)
@@ -329,10 +340,17 @@ def fresh_prefill(
         TensorDescriptor(t, [tokens, num_kv_heads * head], [t.stride(0), 1], [cfg.tile_n, head])
         for t in (key, value)
     )
-    _fresh_prefill_kernel[(num_q_blocks, num_kv_heads)](
-        q_desc, k_desc, v_desc, out, cu_seqlens_q, seq_lens, batch,
-        float(softmax_scale) * _LOG2E, out.stride(0), out.stride(1), FRESH_PREFILL_MIN_QUERY_LEN,
-        GQA=gqa, HEAD=head, BLOCK_Q=block_q, TILE_N=cfg.tile_n, STAGES=cfg.num_stages,
-        DOT_FP32=info.device_class == "cpu", SKEW=cfg.skew_scores, num_warps=cfg.num_warps,
+    os_ = out.stride()
+    _FRESH_PREFILL_LAUNCHER.launch(
+        (num_q_blocks, num_kv_heads, 1),
+        (
+            q_desc, k_desc, v_desc, out, cu_seqlens_q, seq_lens, batch,
+            float(softmax_scale) * _LOG2E, os_[0], os_[1], FRESH_PREFILL_MIN_QUERY_LEN,
+            # constexprs, in signature order: GQA .. SKEW
+            gqa, head, block_q, cfg.tile_n, cfg.num_stages, info.device_class == "cpu",
+            cfg.skew_scores,
+        ),
+        num_warps=cfg.num_warps,
+        num_stages=DEFAULT_NUM_STAGES,
     )  # fmt: skip
     return out

@@ -33,7 +33,7 @@ into the softmax scale and the v scale into the output: no extra pass over the t
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -57,12 +57,14 @@ from .paged_attention_configs import (
 
 __all__ = [
     "AttnConfig",
+    "PagedCacheLayout",
     "SUPPORTED_HEAD_SIZES",
     "SUPPORTED_KV_DTYPES",
     "SUPPORTED_Q_DTYPES",
     "SplitKVWorkspace",
     "launch_config",
     "paged_attention",
+    "paged_cache_layout",
     "plan_split_kv",
     "split_kv_max_tokens",
 ]
@@ -1094,6 +1096,36 @@ def _tma_descriptors(
 
 
 @dataclass(frozen=True)
+class PagedCacheLayout:
+    """What launches derive from a K/V cache pair alone, made once per cache
+    (`paged_cache_layout`): callers that launch over the same cache every step (an attention
+    backend) pass it as `paged_attention(..., cache_layout=...)`, which then skips the layout
+    checks and the TMA descriptors' construction (microseconds of host time per eager call).
+    It holds the views it describes: keep it exactly as long as the cache itself."""
+
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    tma_page_size: int | None  # `_tma_page_size`
+    _descriptors: dict[int, tuple[TensorDescriptor, TensorDescriptor]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def descriptors(self, tile_n: int) -> tuple[TensorDescriptor, TensorDescriptor]:
+        """The K and V TMA descriptors of `tile_n`-key tiles (made on first use)."""
+        descs = self._descriptors.get(tile_n)
+        if descs is None:
+            descs = self._descriptors[tile_n] = _tma_descriptors(
+                self.key_cache, self.value_cache, tile_n
+            )
+        return descs
+
+
+def paged_cache_layout(key_cache: torch.Tensor, value_cache: torch.Tensor) -> PagedCacheLayout:
+    """The `PagedCacheLayout` of a K/V cache pair (the views `paged_attention` takes)."""
+    return PagedCacheLayout(key_cache, value_cache, _tma_page_size(key_cache, value_cache))
+
+
+@dataclass(frozen=True)
 class _KernelConstants:
     """What one launch's constexprs derive from its layout: computed once per layout."""
 
@@ -1200,6 +1232,7 @@ def paged_attention(
     compiled: list | None = None,
     check_inputs: bool = True,
     skip_fresh_from: int = 0,
+    cache_layout: PagedCacheLayout | None = None,
 ) -> torch.Tensor:
     """Attention of `q` over the paged KV cache; writes `out[: cu_seqlens_q[-1]]` and returns it.
 
@@ -1216,6 +1249,8 @@ def paged_attention(
     callers that validated the same layout once, e.g. an attention backend's forward.
     `skip_fresh_from` > 0 leaves alone every request without cached context and with at least
     that many query tokens (their rows of `out` too): `fresh_prefill` computes those.
+    `cache_layout`: `paged_cache_layout(key_cache, value_cache)`, made once by a caller that
+    launches over the same cache every step (host time); None derives it per call.
     With a `workspace`, nothing here allocates or reads device memory on the host.
     """
     if check_inputs:
@@ -1223,6 +1258,15 @@ def paged_attention(
             q, key_cache, value_cache, out, cu_seqlens_q, seq_lens, block_table,
             sliding_window, sinks, softcap, k_scale, v_scale, lse_out, max_seqlen_q, max_seqlen_k,
         )  # fmt: skip
+    if cache_layout is not None and (
+        cache_layout.key_cache is not key_cache or cache_layout.value_cache is not value_cache
+    ):
+        fail(
+            ValueError,
+            "cache_layout",
+            "paged_cache_layout(key_cache, value_cache) of these very key_cache/value_cache",
+            "the layout of other tensors",
+        )
     num_tokens, num_q_heads, head_size = q.shape
     batch = seq_lens.shape[0]
     _, block_size, num_kv_heads, _ = key_cache.shape
@@ -1245,11 +1289,12 @@ def paged_attention(
     if prefill:
         splits = 1  # prefill: its query blocks already fill the grid
     # Only prefill configs take TMA tiles: decode launches skip the cache's layout checks.
-    tma_page = (
-        _tma_page_size(key_cache, value_cache)
-        if prefill or (config is not None and config.tma_tiles)
-        else None
-    )
+    if not (prefill or (config is not None and config.tma_tiles)):
+        tma_page = None
+    elif cache_layout is not None:
+        tma_page = cache_layout.tma_page_size
+    else:
+        tma_page = _tma_page_size(key_cache, value_cache)
     consts = _kernel_constants(
         device_index, q.dtype, key_cache.dtype, num_q_heads, num_kv_heads, head_size, head_size_v,
         max_seqlen_q, splits > 1, tma_page,
@@ -1274,7 +1319,10 @@ def paged_attention(
                 f"tma_tiles=True with a {key_cache.dtype} cache of shape "
                 f"{tuple(key_cache.shape)}, strides {key_cache.stride()}",
             )
-        k_desc, v_desc = _tma_descriptors(key_cache, value_cache, cfg.tile_n)
+        if cache_layout is not None:
+            k_desc, v_desc = cache_layout.descriptors(cfg.tile_n)
+        else:
+            k_desc, v_desc = _tma_descriptors(key_cache, value_cache, cfg.tile_n)
     else:
         k_desc = v_desc = None
     dot_mode = 2 if consts.fp8_cache and cfg.fp8_dot_fp16 else consts.query_dot_mode
