@@ -14,8 +14,10 @@ Triton kernels run in the interpreter), but vLLM requires the DeepSeek latent wi
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import json
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -50,6 +52,7 @@ from tests.distributed.dcp_layout import (  # noqa: E402
     dcp_rank_of,
     interleave_rank_outputs,
 )
+from vllm_blackwell_ext.attention import bwx_mla  # noqa: E402
 from vllm_blackwell_ext.attention.bwx_mla import (  # noqa: E402
     BwxMLADecodeMetadata,
     BwxMLAImpl,
@@ -457,6 +460,41 @@ def test_decode_matches_torch_with_vllm_builder_metadata(
         query_len,
     )
     torch.testing.assert_close(out.float(), want, **DECODE_TOL)
+
+
+def test_decodes_over_one_cache_check_inputs_once_and_keep_its_layout_only_as_long_as_it(
+    model_config, monkeypatch
+):
+    # Every step decodes over the same vLLM cache tensor: the first launch checks its inputs,
+    # later ones skip the checks and reuse the cache's layout (TMA page size, descriptors),
+    # kept on the cache tensor itself: once vLLM drops the cache, nothing of the layer holds it.
+    seq_lens, block_size = [9, 40], 32
+    checks = []
+    decode = bwx_mla.mla_decode
+    monkeypatch.setattr(
+        bwx_mla,
+        "mla_decode",
+        lambda *a, **kw: checks.append(kw["check_inputs"]) or decode(*a, **kw),
+    )
+    with mla_setup(model_config, "bfloat16", block_size=block_size) as (builder, impl, layer):
+        latents = random_latents(seq_lens, seed=5)
+        cache = PagedCache(impl, "bfloat16", latents, block_size, seed=2)
+        md = builder.build(0, common_metadata([1, 1], seq_lens, cache.block_table, block_size))
+        g = torch.Generator().manual_seed(4)
+        q = torch.randn(len(seq_lens), HEADS, LATENT, generator=g).to(torch.bfloat16)
+        first = impl.forward_mqa(q, cache.kv_cache, md, layer)[0].clone()
+        layout = impl._cache_layout(cache.kv_cache)
+        again = impl.forward_mqa(q, cache.kv_cache, md, layer)[0]
+        assert checks == [True, False]
+        assert impl._cache_layout(cache.kv_cache) is layout
+        torch.testing.assert_close(again, first, atol=0, rtol=0)
+        alive = weakref.ref(cache.kv_cache)
+        del cache, layout
+        gc.collect()
+        assert alive() is None, "the layer keeps a cache vLLM has dropped"
+        fresh = PagedCache(impl, "bfloat16", latents, block_size, seed=2)
+        impl.forward_mqa(q, fresh.kv_cache, md, layer)
+        assert checks == [True, False, True], "a new cache is checked again"
 
 
 @st.composite

@@ -36,6 +36,7 @@ from vllm_blackwell_ext.kernels.mla_decode import (
     MAX_SPLITS,
     MlaDecodeWorkspace,
     merge_config,
+    mla_cache_layout,
     mla_decode,
     plan_mla_decode,
 )
@@ -119,7 +120,9 @@ def _run(
     workspace: MlaDecodeWorkspace | None = None,
     config: MlaDecodeConfig | None = None,
     compiled: list | None = None,
+    **launch,
 ) -> tuple[torch.Tensor, ...]:
+    """`mla_decode` on a case (`launch`: its other keyword arguments) and the reference."""
     q = case["q"]
     out = torch.empty(q.shape[0], q.shape[1], case["kv_lora_rank"], dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
@@ -139,6 +142,7 @@ def _run(
         workspace=workspace,
         config=config,
         compiled=compiled,
+        **launch,
     )
     ref_out, ref_lse = mla_decode_reference(
         q.cpu(),
@@ -260,6 +264,28 @@ def test_tma_tiles_match_reference_with_stale_page_tails(
     _fill_page_tails(case, 448.0 if fp8 else 1e4)  # e4m3's largest finite value
     cfg = MlaDecodeConfig(16, block_n, 4, 2, 1, 128, tma=True)
     _assert_close(*_run(case, num_splits, config=cfg))
+
+
+def test_cache_layout_made_once_gives_the_same_output_and_must_be_the_caches_own(device):
+    """`mla_cache_layout`, made once and passed per call with the checks off (what BWX_MLA's
+    decode does), launches the same TMA tiles bit for bit; a layout of another tensor is
+    refused."""
+    case = _make_case(
+        device=device, kv_lora_rank=256, num_heads=16, seq_lens=[70, 5], query_len=2,
+        block_size=32, fp8=False, seed=3,
+    )  # fmt: skip
+    cfg = MlaDecodeConfig(16, 32, 4, 2, 1, 128, tma=True)
+    layout = mla_cache_layout(case["kv_cache"])
+    assert layout.tma_page_size == 32
+    assert layout.descriptors(32, 256) is layout.descriptors(32, 256)  # made once per tile
+    out, lse, ref_out, ref_lse = _run(case, 3, config=cfg)
+    _assert_close(out, lse, ref_out, ref_lse)
+    once = _run(case, 3, config=cfg, cache_layout=layout, check_inputs=False)
+    torch.testing.assert_close(once[0], out, atol=0, rtol=0)
+    torch.testing.assert_close(once[1], lse, atol=0, rtol=0)
+    other = mla_cache_layout(case["kv_cache"].clone())
+    with pytest.raises(ValueError, match="cache_layout: expected mla_cache_layout"):
+        _run(case, 3, config=cfg, cache_layout=other)
 
 
 def test_tma_config_is_refused_for_a_cache_it_cannot_read(device):

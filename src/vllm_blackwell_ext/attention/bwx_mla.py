@@ -26,6 +26,7 @@ supported vLLM versions is decided in `vllm_compat`.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -66,7 +67,9 @@ from vllm_blackwell_ext.kernels import device as kernel_device
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
 from vllm_blackwell_ext.kernels.mla_decode import (
     SUPPORTED_LATENT,
+    MlaCacheLayout,
     MlaDecodeWorkspace,
+    mla_cache_layout,
     mla_decode,
     mla_decode_config,
     plan_mla_decode,
@@ -82,6 +85,8 @@ logger = init_logger(f"vllm.{__name__}")
 SUPPORTED_LATENT_WIDTHS: tuple[int, ...] = tuple(r + e for r, e in SUPPORTED_LATENT.items())
 # The kernel's limit on query rows per request (MTP / spec-verify blocks, causal within).
 MAX_DECODE_QUERY_LEN = 8
+# Attribute of vLLM's cache tensor holding our `MlaCacheLayout` of it (see `_cache_layout`).
+_CACHE_LAYOUT_ATTR = "_bwx_mla_cache_layout"
 MIN_CAPABILITY = DeviceCapability(*kernel_device.MIN_CAPABILITY)
 MIN_FP8_CAPABILITY = DeviceCapability(*kernel_device.MIN_FP8_CAPABILITY)
 
@@ -420,6 +425,22 @@ class BwxMLAImpl(MLACommonImpl[BwxMLAMetadata]):
         self.supports_quant_query_input = False
         # Whether the first decode's tile reads (TMA or gathered) were logged.
         self._decode_reads_logged = False
+        # The cache this layer's decode last checked its inputs over (once per cache): a
+        # weak reference, so a cache vLLM drops is not kept.
+        self._checked_cache: weakref.ref[torch.Tensor] | None = None
+
+    @staticmethod
+    def _cache_layout(kv_cache: torch.Tensor) -> MlaCacheLayout:
+        """What decode launches derive from vLLM's cache tensor (`MlaCacheLayout`).
+
+        vLLM hands every step the same cache tensor: the layout is made once per tensor and
+        kept on it, so it lives exactly as long as vLLM's reference to the cache.
+        """
+        layout = getattr(kv_cache, _CACHE_LAYOUT_ATTR, None)
+        if layout is None:
+            layout = mla_cache_layout(kv_cache)
+            setattr(kv_cache, _CACHE_LAYOUT_ATTR, layout)
+        return layout
 
     # ------------------------------------------------------------------ decode
     def forward_mqa(
@@ -449,6 +470,8 @@ class BwxMLAImpl(MLACommonImpl[BwxMLAMetadata]):
             if self.need_to_return_lse_for_decode
             else None
         )
+        layout = self._cache_layout(kv_c_and_k_pe_cache)
+        checked = self._checked_cache is not None and self._checked_cache() is kv_c_and_k_pe_cache
         mla_decode(
             q_full,
             kv_c_and_k_pe_cache,
@@ -462,7 +485,11 @@ class BwxMLAImpl(MLACommonImpl[BwxMLAMetadata]):
             lse_out=lse,
             workspace=scratch.workspace,
             num_splits=decode.num_splits,
+            check_inputs=not checked,
+            cache_layout=layout,
         )
+        if not checked:
+            self._checked_cache = weakref.ref(kv_c_and_k_pe_cache)
         if not self._decode_reads_logged:
             self._decode_reads_logged = True
             rows = heads * decode.query_len

@@ -32,7 +32,7 @@ each KV tile, and the kernel is built around that:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -592,6 +592,35 @@ def _tma_descriptors(kv_cache: torch.Tensor, block_n: int, kv_lora_rank: int) ->
     )
 
 
+@dataclass(frozen=True)
+class MlaCacheLayout:
+    """What launches derive from an MLA cache alone, made once per cache (`mla_cache_layout`):
+    callers that decode over the same cache every step (an attention backend) pass it as
+    `mla_decode(..., cache_layout=...)`, which then skips the TMA checks and the descriptors'
+    construction (microseconds of host time per eager call). It holds the cache: keep it
+    exactly as long as the cache itself."""
+
+    kv_cache: torch.Tensor
+    tma_page_size: int | None  # `cache_tma_page_size`
+    _descriptors: dict[tuple[int, int], tuple] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def descriptors(self, block_n: int, kv_lora_rank: int) -> tuple:
+        """`_tma_descriptors` of this cache (made on first use)."""
+        key = (block_n, kv_lora_rank)
+        descs = self._descriptors.get(key)
+        if descs is None:
+            descs = self._descriptors[key] = _tma_descriptors(self.kv_cache, block_n, kv_lora_rank)
+        return descs
+
+
+def mla_cache_layout(kv_cache: torch.Tensor, info: DeviceInfo | None = None) -> MlaCacheLayout:
+    """The `MlaCacheLayout` of a latent cache on its device (`info`: that device's)."""
+    info = info or device_info(kv_cache.device)
+    return MlaCacheLayout(kv_cache, cache_tma_page_size(kv_cache, info))
+
+
 _SPLIT_LAUNCHER = CachedLauncher(_mla_decode_split_kernel)
 _SPLIT_FP8_LAUNCHER = CachedLauncher(_mla_decode_split_fp8_kernel)
 _MERGE_LAUNCHER = CachedLauncher(_mla_decode_merge_kernel)
@@ -816,6 +845,8 @@ def mla_decode(
     max_seq_len: int | None = None,
     config: MlaDecodeConfig | None = None,
     compiled: list | None = None,
+    check_inputs: bool = True,
+    cache_layout: MlaCacheLayout | None = None,
 ) -> torch.Tensor:
     """Absorbed-query MLA decode over a paged latent cache; writes and returns `out`.
 
@@ -830,16 +861,31 @@ def mla_decode(
     is allocated and the host never waits on the GPU; otherwise `max_seq_len` (or, failing that,
     a host read of `seq_lens`) feeds the split planner. `config` overrides the table's launch
     config (tuning); `compiled`, when a list, receives the compiled split kernel (for
-    shared/regs/spills).
+    shared/regs/spills). `check_inputs=False` skips the shape/dtype checks for callers that
+    validated the same layout once (an attention backend's forward); `cache_layout`:
+    `mla_cache_layout(kv_cache)`, made once by such a caller (None derives it per call).
     """
-    _validate(q, kv_cache, block_table, seq_lens, out, kv_lora_rank, query_len, k_scale, lse_out)
+    if check_inputs:
+        _validate(
+            q, kv_cache, block_table, seq_lens, out, kv_lora_rank, query_len, k_scale, lse_out
+        )
+    if cache_layout is not None and cache_layout.kv_cache is not kv_cache:
+        fail(
+            ValueError,
+            "cache_layout",
+            "mla_cache_layout(kv_cache) of this very kv_cache",
+            "the layout of another tensor",
+        )
     num_tokens, num_heads, _ = q.shape
     batch = seq_lens.shape[0]
     rope_dim = SUPPORTED_LATENT[kv_lora_rank]
     if num_tokens == 0:
         return out
     info = device_info(q.device)
-    tma_page_size = cache_tma_page_size(kv_cache, info)
+    if cache_layout is not None:
+        tma_page_size = cache_layout.tma_page_size
+    else:
+        tma_page_size = cache_tma_page_size(kv_cache, info)
     if num_splits is None:
         if max_seq_len is None:
             # Host sync: callers on the hot path pass num_splits (or max_seq_len) instead.
@@ -915,7 +961,12 @@ def mla_decode(
     if kv_cache.dtype == torch.float8_e4m3fn and not cfg.tma:
         handle = _SPLIT_FP8_LAUNCHER.launch(grid, (*tensors, *scalars), **options)
     else:
-        descs = _tma_descriptors(kv_cache, cfg.block_n, kv_lora_rank) if cfg.tma else (None, None)
+        if not cfg.tma:
+            descs = (None, None)
+        elif cache_layout is not None:
+            descs = cache_layout.descriptors(cfg.block_n, kv_lora_rank)
+        else:
+            descs = _tma_descriptors(kv_cache, cfg.block_n, kv_lora_rank)
         handle = _SPLIT_LAUNCHER.launch(grid, (*tensors, *descs, *scalars, cfg.tma), **options)
     if compiled is not None:
         compiled.append(handle)
@@ -945,9 +996,11 @@ def mla_decode_flops(num_tokens: int, num_heads: int, context: int, kv_lora_rank
 __all__ = [
     "MAX_SPLITS",
     "WIDE_MERGE_SPLITS",
+    "MlaCacheLayout",
     "MlaDecodeWorkspace",
     "cache_tma_page_size",
     "merge_config",
+    "mla_cache_layout",
     "mla_decode",
     "mla_decode_config",
     "mla_decode_flops",
