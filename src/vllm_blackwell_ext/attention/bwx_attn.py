@@ -74,7 +74,8 @@ logger = init_logger(f"vllm.{__name__}")
 # The support matrix: the kernel's head sizes (SUPPORTED_HEAD_SIZES) and capability floors.
 # Page sizes: any multiple of 16 (the kernel walks pages token-tile by token-tile).
 BLOCK_SIZE_MULTIPLE = 16
-# Attribute of vLLM's cache tensor holding our K/V views of it (see `_cache_layout`).
+# Attribute of vLLM's cache tensor holding our `PagedCacheLayout` of it: its K/V views and what
+# launches derive from them (see `_cache_layout`).
 _KV_VIEWS_ATTR = "_bwx_kv_views"
 MIN_CAPABILITY = DeviceCapability(*kernel_device.MIN_CAPABILITY)
 MIN_FP8_CAPABILITY = DeviceCapability(*kernel_device.MIN_FP8_CAPABILITY)
