@@ -2,14 +2,14 @@
 
 For decode batches, a draft block and mixed batches (pages of 16, and of 128 where a Hopper
 prefill reads TMA tiles) it prints, per call, without synchronising: the whole call with and
-without input checks, without them but deriving the cache's layout (`paged_cache_layout`: TMA
-page size, descriptors) per call instead of once, through Triton's binder instead of cached handles
-(`kernels/launch_cache.py`), with TMA descriptors encoded by Triton on every launch instead
-of once per cache (where the launch has descriptors), the bare launch of the same compiled
-handle three or four ways (tensors through the handle's runner, addresses through it,
-addresses straight into `handle.run`: the floor below which only Triton's C launcher and the
-driver remain; and descriptors encoded once), a few torch view ops for scale, and the top of
-a cProfile of the call.
+without input checks, without them but deriving the cache's layout (`paged_cache_layout`:
+TMA page size, descriptors) per call instead of once, through Triton's binder instead of
+cached handles (`kernels/launch_cache.py`), with TMA descriptors encoded by Triton on every
+launch instead of once per cache (where the launch has descriptors), the bare launch of the
+same compiled handle three or four ways (tensors through the handle's runner, addresses
+through it, addresses straight into `handle.run`: the floor below which only Triton's C
+launcher and the driver remain; and descriptors encoded once), a few torch view ops for
+scale, and the top of a cProfile of the call.
 
     python benchmarks/experiments/attn_host_profile.py
 """
