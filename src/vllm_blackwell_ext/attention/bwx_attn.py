@@ -605,13 +605,11 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
                 and attn_metadata.max_query_len > SPLIT_KV_MAX_QUERY_LEN
             ):
                 self._prefill_reads_logged = True
-                if layout.tma_page_size is not None:
-                    cfg = launch_config(query, key_cache, value_cache, attn_metadata.max_query_len)
-                    if cfg.tma_tiles:
-                        logger.info_once(
-                            "BWX_ATTN: prefill reads the cache's %d-key tiles through TMA",
-                            cfg.tile_n,
-                        )
+                cfg = launch_config(query, key_cache, value_cache, attn_metadata.max_query_len)
+                if cfg.tma_tiles:
+                    logger.info_once(
+                        "BWX_ATTN: prefill reads the cache's %d-key tiles through TMA", cfg.tile_n
+                    )
         if fresh:
             # The requests the paged kernel skipped, from this step's own K/V (the same values
             # the cache holds: a cache in the query's dtype is one condition of the layer).
