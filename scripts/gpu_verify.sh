@@ -23,6 +23,8 @@
 #   prefill-skew benchmarks/experiments/fresh_prefill_skew.py: fresh prefill with each tile's
 #               scores asked one tile ahead, against the device's config and cuDNN's SDPA
 #               (fresh-prefill-skew.txt)
+#   mla-gluon   benchmarks/experiments/mla_decode_gluon.py: its check, then the Gluon wide-head
+#               MLA decode tile against the shipped kernel (mla-decode-gluon.txt)
 #   ncu         benchmarks/profile_ncu.py under Nsight Compute: speed of light, occupancy, pipe
 #               use and stall reasons of each row short of its goal (ncu-missed-goals.txt)
 #
@@ -31,7 +33,7 @@
 # OUT_DIR gets the pytest logs, the engine tests' summary.md and the benchmark results; each
 # engine's figures are written as soon as it finishes, so a run cut short keeps those.
 set -uo pipefail
-[[ $# -ge 2 ]] || { sed -n '2,32p' "$0"; exit 2; }
+[[ $# -ge 2 ]] || { sed -n '2,34p' "$0"; exit 2; }
 out=$1
 shift
 mkdir -p "$out"
@@ -80,6 +82,11 @@ for step in "$@"; do
         python benchmarks/experiments/mla_tma_row_tiles.py; } > "$out/mla-tma-row-tiles.txt" 2>&1 ||
         status=1
       tail -n 5 "$out/mla-tma-row-tiles.txt"
+      ;;
+    mla-gluon)
+      python benchmarks/experiments/mla_decode_gluon.py > "$out/mla-decode-gluon.txt" 2>&1 ||
+        status=1
+      tail -n 22 "$out/mla-decode-gluon.txt"
       ;;
     host)
       python benchmarks/experiments/attn_host_profile.py > "$out/attn-host-profile.txt" 2>&1 ||
