@@ -288,6 +288,60 @@ def compile_split_kernel(
     )  # fmt: skip
 
 
+def compile_gluon_split_kernel(capability: tuple[int, int], single: bool = False) -> Any:
+    """The Gluon split kernel (`mla_decode_gluon`, a bf16 cache) compiled for `capability`
+    without a GPU, as `mla_decode` launches it for a `gluon` entry."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    from vllm_blackwell_ext.kernels import mla_decode_gluon as g
+
+    k = g._mla_decode_gluon_kernel
+    width = g.GLUON_KV_LORA_RANK + g.GLUON_ROPE_DIM
+    q = torch.empty(4, 128, width, dtype=torch.bfloat16)
+    descs = (
+        *g._descriptors(q, 4 * 128, g.BLOCK_M),
+        *g.cache_descriptors(torch.empty(8, PAGE, width, dtype=torch.bfloat16)),
+    )
+    names = ("q_lat_desc", "q_rope_desc", "kv_lat_desc", "kv_rope_desc")
+    sig = {n: mangle_type(d) for n, d in zip(names, descs, strict=True)}
+    ptrs = {"BT": "*i32", "SEQ": "*i32", "O_PART": "*fp32", "L_PART": "*fp32", "OUT": "*bf16",
+            "LSE": "*fp32"}  # fmt: skip
+    sig |= ptrs | {n: "i32" for n in k.arg_names if n.startswith("stride_")}
+    sig |= {"qk_scale_log2": "fp32"}
+    sig |= {n: "i32" for n in ("num_heads", "query_len", "num_splits", "num_row_groups")}
+    consts = dict(R=g.GLUON_KV_LORA_RANK, P=g.GLUON_ROPE_DIM, PAGE_SIZE=PAGE, CAUSAL=True,
+                  SINGLE_SPLIT=single, HAS_LSE=True)  # fmt: skip
+    sig |= {n: "constexpr" for n in consts}
+    aligned = [*ptrs, "stride_pt", "stride_ph", "stride_ps", "stride_ot", "stride_oh"]
+    attrs = {(k.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    return triton.compile(
+        GluonASTSource(fn=k, signature=sig, constexprs=consts, attrs=attrs),
+        target=GPUTarget("cuda", capability[0] * 10 + capability[1], 32),
+        options=dict(num_warps=g.NUM_WARPS),
+    )
+
+
+def _check_gluon(cls: str, cap: tuple[int, int], limit: int) -> int:
+    """Compile a `gluon` entry's Gluon kernel (split and single-split variants); 1 if bad."""
+    from benchmarks.offline_compile import stats_of
+
+    bad = 0
+    for single in (False, True):
+        stats = stats_of(compile_gluon_split_kernel(cap, single))
+        problems = [
+            *(["OVER LIMIT"] if stats.shared > limit else []),
+            *(["SPILLS"] if stats.spills else []),
+            *(["TRAPS"] if stats.traps else []),
+        ]
+        bad |= bool(problems)
+        print(f"{cls} bf16 gluon kernel single_split={single}: shared={stats.shared}/{limit} "
+              f"regs={stats.registers} stack={stats.stack} {' '.join(problems) or 'ok'}",
+              flush=True)  # fmt: skip
+    return int(bad)
+
+
 def check_offline(classes: list[str]) -> int:
     bad = 0
     for cls in classes:
@@ -303,6 +357,8 @@ def check_offline(classes: list[str]) -> int:
                             continue
                         seen.add(key)
                         stats = compile_offline(cfg, cap, tag == "fp8", rank)
+                        if cfg.gluon and rank == 512:
+                            bad += _check_gluon(cls, cap, limit)
                         problems = [
                             *(["OVER LIMIT"] if stats.shared > limit else []),
                             *(["SPILLS IN A LOOP"] if stats.loop_spills else []),

@@ -30,6 +30,9 @@ from vllm_blackwell_ext.vllm_compat import has_speculative_method_registry
 from . import checkpoints
 
 CONCURRENT_JOBS = int(os.environ.get("BWX_GPU_E2E_JOBS", "3"))
+# A comma-separated list of job names to run instead of all (a short GPU lease); the tests of
+# the others skip, naming the variable.
+ONLY_JOBS_ENV = "BWX_GPU_E2E_ONLY"
 
 # CUDA graphs as vLLM captures them for decode (and spec-verify) batches: full graphs of the
 # attention backend's forward. Mixed prefill batches run eagerly. torch.compile is off so an
@@ -191,6 +194,12 @@ def engines(tmp_path_factory) -> dict[str, dict[str, Any]]:
     root = Path(os.environ.get("BWX_GPU_E2E_DIR") or tmp_path_factory.mktemp("gpu-e2e"))
     models = _models(root / "models")
     jobs = _jobs(models)
+    only = os.environ.get(ONLY_JOBS_ENV)
+    if only:
+        wanted = set(only.split(","))
+        if wanted - set(jobs):
+            raise ValueError(f"{ONLY_JOBS_ENV}: no such jobs {sorted(wanted - set(jobs))}")
+        jobs = {name: spec for name, spec in jobs.items() if name in wanted}
     with ThreadPoolExecutor(max_workers=CONCURRENT_JOBS) as pool:
         futures = {n: pool.submit(_run_job, n, s, root / "jobs" / n) for n, s in jobs.items()}
         results = {name: future.result() for name, future in futures.items()}
@@ -239,6 +248,8 @@ def summarise(engines: dict[str, dict[str, Any]]) -> str:
 
 
 def result_of(engines: dict[str, dict[str, Any]], name: str) -> dict[str, Any]:
+    if name not in engines:
+        pytest.skip(f"engine job {name} not run ({ONLY_JOBS_ENV}={os.environ[ONLY_JOBS_ENV]})")
     result = engines[name]
     if "error" in result:
         raise AssertionError(f"engine job failed: {result['error']}")

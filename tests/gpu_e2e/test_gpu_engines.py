@@ -81,11 +81,17 @@ COMPILED_WHILE_SERVING = re.compile(r"Triton kernel JIT compilation during infer
 def _our_triton_kernels() -> set[str]:
     import triton
 
-    from vllm_blackwell_ext.kernels import fresh_prefill, kv_gather, mla_decode, paged_attention
+    from vllm_blackwell_ext.kernels import (
+        fresh_prefill,
+        kv_gather,
+        mla_decode,
+        mla_decode_gluon,
+        paged_attention,
+    )
 
     return {
         obj.fn.__name__
-        for module in (fresh_prefill, kv_gather, mla_decode, paged_attention)
+        for module in (fresh_prefill, kv_gather, mla_decode, mla_decode_gluon, paged_attention)
         for obj in vars(module).values()
         if isinstance(obj, triton.runtime.JITFunction)
     }
@@ -112,6 +118,7 @@ def test_our_kernels_are_compiled_in_warmup_never_while_serving(engines, job):
     compiled = set(COMPILED_WHILE_SERVING.findall(log))
     ours = _our_triton_kernels()
     assert {"_paged_attn_kernel", "_fresh_prefill_kernel", "_kv_gather_kernel"} <= ours
+    assert "_mla_decode_gluon_kernel" in ours
     assert not compiled & ours, f"compiled while serving: {sorted(compiled & ours)}"
 
 
@@ -194,7 +201,7 @@ def test_bwx_mla_matches_vllm_default_mla_with_chunked_context(engines):
     assert_matches_within_noise(result_of(engines, "mla-bwx_mla"), default, noise)
 
 
-MLA128_TMA_LOG = "BWX_MLA: decode reads the cache's 64-key tiles through TMA (128 rows)"
+MLA128_TMA_LOG = "BWX_MLA: decode reads the cache's 64-key tiles through TMA (128 rows, %s kernel)"
 
 
 def test_bwx_mla_with_128_heads_matches_vllm_default_and_takes_tma_on_hopper(engines):
@@ -205,8 +212,10 @@ def test_bwx_mla_with_128_heads_matches_vllm_default_and_takes_tma_on_hopper(eng
     noise = _noise(engines, "mla128-default", "mla128-triton_mla")
     ours = result_of(engines, "mla128-bwx_mla")
     assert_matches_within_noise(ours, default, noise)
-    # 64-token pages (BWX_MLA's preferred size), contiguous: Hopper's 64-row tiles use TMA.
-    assert (MLA128_TMA_LOG in ours["log"]) == (torch.cuda.get_device_capability() == (9, 0))
+    # 64-token pages (BWX_MLA's preferred size), contiguous: Hopper's 64-row tiles use TMA,
+    # through the Gluon kernel for a bf16 cache.
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    assert (MLA128_TMA_LOG % "Gluon" in ours["log"]) == hopper
 
 
 def test_bwx_mla_fp8_cache_with_128_heads_is_no_worse_than_triton_mla_and_takes_tma(engines):
@@ -216,9 +225,10 @@ def test_bwx_mla_fp8_cache_with_128_heads_is_no_worse_than_triton_mla_and_takes_
         engines, "mla128-default", "mla128-bwx_mla-fp8", "mla128-triton_mla-fp8"
     )
     ours = result_of(engines, "mla128-bwx_mla-fp8")
-    # Hopper's fp8 64-row tiles read through TMA too (widened to bf16), on split plans the
-    # metadata builder made for that entry.
-    assert (MLA128_TMA_LOG in ours["log"]) == (torch.cuda.get_device_capability() == (9, 0))
+    # Hopper's fp8 64-row tiles read through TMA too (widened to bf16, the Triton kernel), on
+    # split plans the metadata builder made for that entry.
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    assert (MLA128_TMA_LOG % "Triton" in ours["log"]) == hopper
 
 
 def test_bwx_mla_fp8_cache_matches_triton_mla_fp8(engines):

@@ -50,6 +50,7 @@ from vllm_blackwell_ext.kernels.mla_decode_configs import (
     MlaDecodeConfig,
     get_mla_decode_config,
 )
+from vllm_blackwell_ext.kernels.mla_decode_gluon import gluon_decode_supported
 from vllm_blackwell_ext.reference.mla_decode import mla_decode_reference
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
@@ -606,6 +607,21 @@ def test_table_entries_compile_clean_for_their_class(device_class):
     assert f"{device_class} fp8" in run.stdout or device_class == "sm80", run.stdout
 
 
+def test_gluon_kernel_takes_only_what_it_is_built_for():
+    """`gluon_decode_supported`: a contiguous bf16 query over a bf16 cache with latent 512 +
+    rope 64; anything else stays on the Triton kernel of the same config."""
+    q = torch.zeros(2, 128, 576, dtype=torch.bfloat16)
+    cache = torch.zeros(4, 64, 576, dtype=torch.bfloat16)
+    assert gluon_decode_supported(q, cache, 512)
+    assert not gluon_decode_supported(q.half(), cache.half(), 512)  # fp16: the Triton kernel
+    assert not gluon_decode_supported(q, cache.half(), 512)  # not q's dtype
+    assert not gluon_decode_supported(q, cache.to(torch.float8_e4m3fn), 512)
+    assert not gluon_decode_supported(q.transpose(0, 1), cache, 512)  # rows not contiguous
+    assert not gluon_decode_supported(q[..., :288], cache[..., :288], 256)  # half width
+    sm90 = MLA_DECODE_TMA_CONFIGS["sm90"]
+    assert sm90["bf16"][64].gluon and not sm90["fp8"][64].gluon
+
+
 # ------------------------------------------------------------------------ GPU (real size) ----
 
 
@@ -744,3 +760,72 @@ def test_cuda_graph_replay_with_workspace_matches_eager(fp8, num_heads):
         k_scale=case["k_scale"].cpu() if fp8 else None,
     )  # fmt: skip
     _assert_close(replayed.float().cpu(), replayed_lse.cpu(), ref_out, ref_lse)
+
+
+GLUON_CONFIG = MlaDecodeConfig(64, 64, 8, 2, 1, 128, tma=True, gluon=True)
+
+
+@gpu_only
+@pytest.mark.gpu
+@settings(max_examples=12, deadline=None)
+@given(
+    heads_and_query_len=st.sampled_from([(128, 1), (64, 2), (16, 4), (20, 3), (128, 8)]),
+    seq_lens=st.lists(st.integers(0, 3000), min_size=1, max_size=3),
+    pages_per_tile=st.sampled_from([1, 2]),
+    num_splits=st.sampled_from([None, 1, 3, 7]),
+    causal=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+@example(
+    heads_and_query_len=(20, 3), seq_lens=[2, 0, 1500], pages_per_tile=2, num_splits=7,
+    causal=True, seed=1,
+)  # fmt: skip
+@example(
+    heads_and_query_len=(128, 1), seq_lens=[1], pages_per_tile=1, num_splits=1, causal=False,
+    seed=2,
+)  # fmt: skip
+def test_gluon_kernel_matches_reference_with_stale_page_tails(
+    heads_and_query_len, seq_lens, pages_per_tile, num_splits, causal, seed
+):
+    """The Gluon split kernel on Hopper: 64-row tiles of heads x query tokens (row tiles that
+    cross into the next request's rows or past the tensor included), causal or not, one to
+    seven splits, pages of one or two tiles whose stale tails hold 1e4."""
+    from vllm_blackwell_ext.kernels.device import device_info
+
+    if device_info("cuda").device_class != "sm90":
+        pytest.skip("the Gluon kernel is Hopper's")
+    num_heads, query_len = heads_and_query_len
+    case = _make_case(
+        device="cuda", kv_lora_rank=512, num_heads=num_heads, seq_lens=seq_lens,
+        query_len=query_len, block_size=64 * pages_per_tile, fp8=False, seed=seed,
+    )  # fmt: skip
+    _fill_page_tails(case, 1e4)
+    compiled: list = []
+    _assert_close(*_run(case, num_splits, causal, config=GLUON_CONFIG, compiled=compiled))
+    assert compiled[0].name == "_mla_decode_gluon_kernel"
+
+
+@gpu_only
+@pytest.mark.gpu
+def test_hopper_128_head_bf16_decode_runs_the_gluon_kernel_and_agrees_with_triton():
+    """The table's Hopper bf16 64-row entry launches the Gluon kernel; a query whose rows are
+    not contiguous takes the Triton kernel of the same entry, within bf16 rounding of it."""
+    from vllm_blackwell_ext.kernels.device import device_info
+
+    if device_info("cuda").device_class != "sm90":
+        pytest.skip("the Gluon kernel is Hopper's")
+    case = _make_case(
+        device="cuda", kv_lora_rank=512, num_heads=128, seq_lens=[4000, 130, 1],
+        query_len=1, block_size=64, fp8=False, seed=11,
+    )  # fmt: skip
+    for splits in (1, 5):
+        compiled: list = []
+        out, lse, ref_out, ref_lse = _run(case, splits, compiled=compiled)
+        _assert_close(out, lse, ref_out, ref_lse)
+        assert compiled[0].name == "_mla_decode_gluon_kernel"
+        strided = dict(case, q=case["q"].transpose(0, 1).contiguous().transpose(0, 1))
+        compiled = []
+        t_out, t_lse, *_ = _run(strided, splits, compiled=compiled)
+        assert compiled[0].name == "_mla_decode_split_kernel"
+        torch.testing.assert_close(t_out, out, atol=2e-2, rtol=0)
+        torch.testing.assert_close(t_lse, lse, atol=LSE_ATOL, rtol=0)

@@ -75,6 +75,7 @@ from vllm_blackwell_ext.kernels.mla_decode import (
     plan_mla_decode,
 )
 from vllm_blackwell_ext.kernels.mla_decode_configs import PREFERRED_BLOCK_SIZE
+from vllm_blackwell_ext.kernels.mla_decode_gluon import gluon_decode_supported
 from vllm_blackwell_ext.kv_cache_dtypes import FP8_KV_CACHE_DTYPES
 from vllm_blackwell_ext.vllm_compat import mla_kv_update_takes_skip_scale
 
@@ -493,10 +494,15 @@ class BwxMLAImpl(MLACommonImpl[BwxMLAMetadata]):
         if not self._decode_reads_logged:
             self._decode_reads_logged = True
             rows = heads * decode.query_len
-            if mla_decode_config(kv_c_and_k_pe_cache, rows, decode.seq_lens.shape[0]).tma:
-                logger.info_once(
-                    "BWX_MLA: decode reads the cache's 64-key tiles through TMA (%d rows)", rows
+            cfg = mla_decode_config(kv_c_and_k_pe_cache, rows, decode.seq_lens.shape[0])
+            if cfg.tma:
+                gluon = cfg.gluon and gluon_decode_supported(
+                    q_full, kv_c_and_k_pe_cache, self.kv_lora_rank
                 )
+                logger.info_once(
+                    "BWX_MLA: decode reads the cache's 64-key tiles through TMA (%d rows, %s "
+                    "kernel)", rows, "Gluon" if gluon else "Triton",
+                )  # fmt: skip
         return out, lse
 
     # ------------------------------------------------------------------ cache write

@@ -25,6 +25,9 @@ each KV tile, and the kernel is built around that:
   tiles (`MLA_DECODE_TMA_CONFIGS`); other caches are gathered per thread with `cp.async`. A
   TMA config given for an fp8 cache runs the same path, each tile widened to q's dtype (no
   table entry takes it yet: `benchmarks/experiments/mla_tma_row_tiles.py` times it);
+- Hopper's 64-row TMA tiles of a bf16 cache run through a Gluon kernel of the same tile
+  (`mla_decode_gluon`) that computes each score tile once where the Triton kernel computes it
+  in both warp groups: the same programs, splits, outputs and merge;
 - query_len up to 8 rows per request (MTP / speculative verification), causal within the rows;
 - capture-safe: with a preallocated `MlaDecodeWorkspace` and a given `num_splits`, `mla_decode`
   neither allocates nor synchronises with the host.
@@ -39,6 +42,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from vllm_blackwell_ext.kernels import mla_decode_gluon
 from vllm_blackwell_ext.kernels.checks import check_index, fail
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
 from vllm_blackwell_ext.kernels.fp8_pairs import PAIRS_E4M3, PAIRS_E4M3_ASM, widen_fp8_pairs
@@ -602,7 +606,7 @@ class MlaCacheLayout:
 
     kv_cache: torch.Tensor
     tma_page_size: int | None  # `cache_tma_page_size`
-    _descriptors: dict[tuple[int, int], tuple] = field(
+    _descriptors: dict[tuple[int, int] | str, tuple] = field(
         default_factory=dict, compare=False, repr=False
     )
 
@@ -612,6 +616,13 @@ class MlaCacheLayout:
         descs = self._descriptors.get(key)
         if descs is None:
             descs = self._descriptors[key] = _tma_descriptors(self.kv_cache, block_n, kv_lora_rank)
+        return descs
+
+    def gluon_descriptors(self) -> tuple:
+        """`mla_decode_gluon.cache_descriptors` of this cache (made on first use)."""
+        descs = self._descriptors.get("gluon")
+        if descs is None:
+            descs = self._descriptors["gluon"] = mla_decode_gluon.cache_descriptors(self.kv_cache)
         return descs
 
 
@@ -958,7 +969,19 @@ def mla_decode(
         _dot_dtype(q, q.dtype if cfg.tma else kv_cache.dtype),
     )  # fmt: skip
     options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if kv_cache.dtype == torch.float8_e4m3fn and not cfg.tma:
+    if cfg.gluon and mla_decode_gluon.gluon_decode_supported(q, kv_cache, kv_lora_rank):
+        if cache_layout is not None:
+            kv_descs = cache_layout.gluon_descriptors()
+        else:
+            kv_descs = mla_decode_gluon.cache_descriptors(kv_cache)
+        handle = mla_decode_gluon.launch_split(
+            grid, q, kv_cache, kv_descs, block_table, seq_lens, (o_part, l_part, out, lse_arg),
+            (block_table.stride(0), *part_strides, *out.stride()[:2],
+             lse_out.stride(0) if has_lse else 0),
+            (float(softmax_scale) * _LOG2E, num_heads, query_len, num_splits, row_groups),
+            causal=causal, single=single, has_lse=has_lse,
+        )  # fmt: skip
+    elif kv_cache.dtype == torch.float8_e4m3fn and not cfg.tma:
         handle = _SPLIT_FP8_LAUNCHER.launch(grid, (*tensors, *scalars), **options)
     else:
         if not cfg.tma:

@@ -1,0 +1,297 @@
+"""The split stage of MLA decode for 64-row tiles on Hopper, in Gluon.
+
+`mla_decode`'s Triton split kernel, given a 64-row tile on 8 warps (128 heads at TP1, 16 heads
+x 4 query tokens), lays the score dot out over [8, 1] warps, so both warp groups compute the
+whole 64 x 64 score tile before each multiplies P by its half of the 512 latent columns: 1.53x
+the tile's tensor-core work. This kernel places the work on the warp groups itself: the scores
+as [4, 2] warps (each group 32 of the tile's 64 keys over all 576 columns), the softmax's row
+max and sum reduced across the two groups, P staged in shared memory, and P @ V as [4, 2] warps
+again (each group 256 latent columns). Each tile's latent columns arrive in one 3D TMA copy
+(the tile's own byte order in shared memory) and its rope columns in a second, two stages
+deep; the query tile once. H100 / H200, 128 heads B=64 x 32k, against the Triton kernel of the
+same tile: 1.63x / 1.52x (`benchmarks/experiments/mla_decode_gluon.py`,
+`h100-mla-decode-gluon.txt`, `h200-mla-decode-gluon.txt`).
+
+It computes what `_mla_decode_split_kernel` does for its programs (same program order, key
+splits, causal rows, outputs and partials), so `mla_decode` launches one or the other and the
+same merge. Scope: sm90, a bf16 query and cache with pages a multiple of 64 tokens read through TMA
+(`MlaDecodeConfig.gluon`), latent 512 + rope 64, a contiguous query.
+Gluon does not run under the CPU interpreter: the kernel is checked there by compiling it
+offline for sm90, and runs against the reference on the GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    GLUON_AVAILABLE = True
+except ImportError:  # a Triton without Gluon's Hopper API: `mla_decode` keeps the Triton kernel
+    GLUON_AVAILABLE = False
+
+# Latent and rope widths, rows and keys per tile: the one shape this kernel is built for.
+GLUON_KV_LORA_RANK = 512
+GLUON_ROPE_DIM = 64
+BLOCK_M = 64
+BLOCK_N = 64
+NUM_WARPS = 8
+_CHUNK = 64  # columns per 128-byte swizzled row of a 16-bit tile: one TMA box's width
+
+
+def gluon_decode_supported(q: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int) -> bool:
+    """Whether a launch `MlaDecodeConfig.gluon` selects can run here: Gluon's Hopper API, a
+    bf16 query and cache (the dtype it is measured and tested with; the kernel itself takes
+    q's dtype), the widths above, and a contiguous q (its rows are read through TMA)."""
+    return (
+        GLUON_AVAILABLE
+        and kv_lora_rank == GLUON_KV_LORA_RANK
+        and kv_cache.shape[-1] == GLUON_KV_LORA_RANK + GLUON_ROPE_DIM
+        and q.dtype == kv_cache.dtype == torch.bfloat16
+        and q.is_contiguous()
+        and q.data_ptr() % 16 == 0
+    )
+
+
+if GLUON_AVAILABLE:
+    # A CTA barrier: `gl.barrier` in Triton 3.7, `gl.thread_barrier` in 3.6.
+    _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+    @gluon.jit
+    def _load_tile(
+        lat_desc, rope_desc, row, bar, lat, rope,
+        R: gl.constexpr, P: gl.constexpr, BN: gl.constexpr,
+    ):  # fmt: skip
+        """Ask for BN rows from `row` into `lat` (as [R // 64, BN, 64], the NVMMA layout's own
+        byte order) and `rope`, arriving on `bar`."""
+        bits: gl.constexpr = lat.dtype.primitive_bitwidth
+        mbarrier.expect(bar, BN * (R + P) * bits // 8)
+        chunks_layout: gl.constexpr = gl.NVMMASharedLayout(128, bits, rank=3)
+        chunks = lat._reinterpret(lat.dtype, [R // 64, BN, 64], chunks_layout)
+        tma.async_copy_global_to_shared(lat_desc, [0, row, 0], bar, chunks)
+        tma.async_copy_global_to_shared(rope_desc, [row, R], bar, rope)
+
+    @gluon.jit
+    def _cache_row(bt_row, key, PAGE_SIZE: gl.constexpr):
+        """The cache row (page * PAGE_SIZE + slot) of key `key` of a request."""
+        return gl.load(bt_row + key // PAGE_SIZE) * PAGE_SIZE + key % PAGE_SIZE
+
+    # Per-batch ints are runtime values, as in the Triton kernel: a new batch never recompiles.
+    @gluon.jit(do_not_specialize=["query_len", "num_splits", "num_row_groups", "stride_lt",
+                                  "stride_lh"])  # fmt: skip
+    def _mla_decode_gluon_kernel(
+        q_lat_desc,  # q's latent columns as [R // 64, T * H, 64], [R // 64, 64, 64] blocks
+        q_rope_desc,  # q as [T * H, R + P], [64, P] blocks
+        kv_lat_desc,  # the cache's latent as [R // 64, pages * PAGE_SIZE, 64]
+        kv_rope_desc,  # the cache as [pages * PAGE_SIZE, R + P], [64, P] blocks
+        BT,  # int32 [B, max_pages]
+        SEQ,  # int32 [B]
+        O_PART,  # fp32 [T, H, S, R]: per-split normalised outputs (multi-split only)
+        L_PART,  # fp32 [T, H, S]: per-split log2-sum-exp (multi-split only)
+        OUT,  # [T, H, R] (single split only)
+        LSE,  # fp32 [T, H] (single split with HAS_LSE only)
+        stride_bt,
+        stride_pt,
+        stride_ph,
+        stride_ps,
+        stride_lt,
+        stride_lh,
+        stride_ot,
+        stride_oh,
+        stride_lse_t,
+        qk_scale_log2,  # softmax_scale * log2(e)
+        num_heads,
+        query_len,
+        num_splits,
+        num_row_groups,
+        R: gl.constexpr,
+        P: gl.constexpr,
+        PAGE_SIZE: gl.constexpr,
+        CAUSAL: gl.constexpr,
+        SINGLE_SPLIT: gl.constexpr,
+        HAS_LSE: gl.constexpr,
+    ):
+        BM: gl.constexpr = 64
+        BN: gl.constexpr = 64
+        STAGES: gl.constexpr = 2
+        dtype: gl.constexpr = q_rope_desc.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BN // 2, 16]
+        )
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, R // 2, 16]
+        )
+        smem: gl.constexpr = gl.NVMMASharedLayout(128, dtype.primitive_bitwidth)
+
+        # Program order, key split and causal limits as `_split_program` (the Triton kernel).
+        pid = gl.program_id(0)
+        rg = pid % num_row_groups
+        rest = pid // num_row_groups
+        split = rest % num_splits
+        b = rest // num_splits
+        seq_len = gl.load(SEQ + b)
+        split_len = gl.cdiv(gl.cdiv(seq_len, num_splits), BN) * BN
+        start = split * split_len
+        end = gl.minimum(start + split_len, seq_len)
+        if not SINGLE_SPLIT:
+            if start >= seq_len:
+                return  # a split past a short request's keys: written and merged by nobody
+        n_tiles = gl.cdiv(end - start, BN)
+        bt_row = BT + b.to(gl.int64) * stride_bt
+        rows_per_req = query_len * num_heads
+        # Rows past the request's (the next request's, or TMA's zeros) are computed, not stored.
+        q_row = b * rows_per_req + rg * BM
+
+        q_lat = gl.allocate_shared_memory(dtype, [BM, R], smem)
+        q_rope = gl.allocate_shared_memory(dtype, [BM, P], smem)
+        k_lat = gl.allocate_shared_memory(dtype, [STAGES, BN, R], smem)
+        k_rope = gl.allocate_shared_memory(dtype, [STAGES, BN, P], smem)
+        p_smem = gl.allocate_shared_memory(dtype, [BM, BN], smem)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for st in gl.static_range(STAGES):
+            mbarrier.init(ready.index(st), count=1)
+        fence_async_shared()
+
+        _load_tile(q_lat_desc, q_rope_desc, q_row, q_bar, q_lat, q_rope, R, P, BM)
+        for st in gl.static_range(STAGES):
+            if st < n_tiles:
+                row = _cache_row(bt_row, start + st * BN, PAGE_SIZE)
+                _load_tile(kv_lat_desc, kv_rope_desc, row, ready.index(st), k_lat.index(st),
+                           k_rope.index(st), R, P, BN)  # fmt: skip
+
+        rows_s = rg * BM + gl.arange(0, BM, gl.SliceLayout(1, s_layout))
+        if CAUSAL:
+            # Row j of a request sees keys [0, seq_len - query_len + j].
+            limit = seq_len - query_len + 1 + rows_s // num_heads
+        else:
+            limit = gl.full([BM], 0, gl.int32, gl.SliceLayout(1, s_layout)) + seq_len
+        offs_n = gl.arange(0, BN, gl.SliceLayout(0, s_layout))
+        m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([BM, R], gl.float32, o_layout)
+        s_zero = gl.zeros([BM, BN], gl.float32, s_layout)
+        mbarrier.wait(q_bar, 0)
+
+        for i in range(n_tiles):
+            stage = i % STAGES
+            lat = k_lat.index(stage)
+            rope = k_rope.index(stage)
+            mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
+            s = warpgroup_mma(q_lat, lat.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma(q_rope, rope.permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            key = start + i * BN + offs_n
+            visible = (key[None, :] < limit[:, None]) & (key < end)[None, :]
+            s = gl.where(visible, s * qk_scale_log2, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 1))
+            # A row with no visible key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN.
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_safe)
+            p = gl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + gl.sum(p, 1)
+            m_i = m_new
+            p_smem.store(p.to(dtype))
+            fence_async_shared()
+            _cta_barrier()  # every warp's P in shared memory before either group multiplies it
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            acc = warpgroup_mma(p_smem, lat, acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            _cta_barrier()  # both groups done with this stage and with P
+            if i + STAGES < n_tiles:
+                _load_tile(kv_lat_desc, kv_rope_desc,
+                           _cache_row(bt_row, start + (i + STAGES) * BN, PAGE_SIZE),
+                           ready.index(stage), lat, rope, R, P, BN)  # fmt: skip
+
+        for st in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(st))
+        mbarrier.invalidate(q_bar)
+
+        # As `_finish_rows`: one split writes OUT (and the natural-log LSE), several write
+        # normalised partials and their log2-sum-exps; a row that saw no key gets 0 and -inf.
+        rows_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+        l_o = gl.convert_layout(l_i, rows_layout)
+        m_o = gl.convert_layout(m_i, rows_layout)
+        has_keys = l_o > 0.0
+        inv_l = gl.where(has_keys, 1.0 / gl.where(has_keys, l_o, 1.0), 0.0)
+        lse2 = gl.where(has_keys, m_o + gl.log2(gl.where(has_keys, l_o, 1.0)), float("-inf"))
+        rows = rg * BM + gl.arange(0, BM, rows_layout)
+        row_ok = rows < rows_per_req
+        tok = (b * query_len + rows // num_heads).to(gl.int64)
+        head = rows % num_heads
+        cols = gl.arange(0, R, gl.SliceLayout(0, o_layout))
+        mask = row_ok[:, None] & (cols < R)[None, :]
+        o = acc * inv_l[:, None]
+        if SINGLE_SPLIT:
+            dst = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + cols[None, :]
+            gl.store(dst, o.to(OUT.dtype.element_ty), mask=mask)
+            if HAS_LSE:  # the natural log: ln(x) = log2(x) * ln(2)
+                gl.store(LSE + tok * stride_lse_t + head, lse2 * 0.6931471805599453, mask=row_ok)
+        else:
+            row_off = tok * stride_pt + head * stride_ph + split * stride_ps
+            gl.store(O_PART + row_off[:, None] + cols[None, :], o, mask=mask)
+            gl.store(L_PART + tok * stride_lt + head * stride_lh + split, lse2, mask=row_ok)
+
+
+def _descriptors(t: torch.Tensor, rows: int, block_rows: int) -> tuple:
+    """Descriptors of a [rows, R + P] view of `t`: its latent columns as R / 64 chunks of
+    [block_rows, 64] (one 3D copy), and its rope columns as [block_rows, P]."""
+    width = GLUON_KV_LORA_RANK + GLUON_ROPE_DIM
+    bits = t.element_size() * 8
+    chunks = GLUON_KV_LORA_RANK // _CHUNK
+    return (
+        TensorDescriptor(
+            t, [chunks, rows, _CHUNK], [_CHUNK, width, 1], [chunks, block_rows, _CHUNK],
+            gl.NVMMASharedLayout(128, bits, rank=3),
+        ),
+        TensorDescriptor(
+            t, [rows, width], [width, 1], [block_rows, GLUON_ROPE_DIM],
+            gl.NVMMASharedLayout(128, bits),
+        ),
+    )  # fmt: skip
+
+
+def cache_descriptors(kv_cache: torch.Tensor) -> tuple:
+    """The cache's two descriptors (a contiguous [pages, page, R + P] cache): made once per
+    cache by callers that keep them (`MlaCacheLayout`)."""
+    pages, page, _ = kv_cache.shape
+    return _descriptors(kv_cache, pages * page, BLOCK_N)
+
+
+def launch_split(
+    grid: tuple[int, int, int],
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    kv_descs: tuple,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    outputs: tuple,
+    strides: tuple,
+    scalars: tuple,
+    *,
+    causal: bool,
+    single: bool,
+    has_lse: bool,
+):
+    """Launch the split stage: `outputs` (o_part, l_part, out, lse), `strides` (block table,
+    partials x 5, out x 2, lse), `scalars` (qk_scale_log2, num_heads, query_len, num_splits,
+    num_row_groups) as `mla_decode` passes them to the Triton kernel. Returns the compiled
+    kernel."""
+    tokens, heads, _ = q.shape
+    q_descs = _descriptors(q, tokens * heads, BLOCK_M)
+    return _mla_decode_gluon_kernel[grid](
+        *q_descs, *kv_descs, block_table, seq_lens, *outputs, *strides, *scalars,
+        GLUON_KV_LORA_RANK, GLUON_ROPE_DIM, kv_cache.shape[1], causal, single, has_lse,
+        num_warps=NUM_WARPS,
+    )  # fmt: skip
