@@ -36,8 +36,10 @@ try:
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    # A CTA barrier: `gl.barrier` from Triton 3.7 on, `gl.thread_barrier` in 3.6.
+    _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
     GLUON_AVAILABLE = True
-except ImportError:  # a Triton without Gluon's Hopper API: `mla_decode` keeps the Triton kernel
+except (ImportError, AttributeError):  # no Gluon Hopper API: `mla_decode` keeps Triton's kernel
     GLUON_AVAILABLE = False
 
 # Latent and rope widths, rows and keys per tile: the one shape this kernel is built for.
@@ -64,8 +66,6 @@ def gluon_decode_supported(q: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank
 
 
 if GLUON_AVAILABLE:
-    # A CTA barrier: `gl.barrier` in Triton 3.7, `gl.thread_barrier` in 3.6.
-    _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
     @gluon.jit
     def _load_tile(
