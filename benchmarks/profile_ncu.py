@@ -44,7 +44,7 @@ PAGED_CASES = (
 )
 
 
-def _profiled(name: str, fn) -> None:
+def profile_once(name: str, fn) -> None:
     fn()  # compile and warm up outside the profiled range
     torch.cuda.synchronize()
     print(f"== {name}", flush=True)
@@ -67,14 +67,15 @@ def main(argv: list[str] | None = None) -> int:
         by_name = {c.name: c for c in mla_bench.cases()}
         for name in (n for n in MLA_CASES if args.only in n):
             case = by_name[name]
-            _profiled(f"mla {name}", mla_bench.ours_fn(case, mla_bench.make_inputs(case, caches)))
+            fn = mla_bench.ours_fn(case, mla_bench.make_inputs(case, caches))
+            profile_once(f"mla {name}", fn)
     if args.family == "mla":
         return 0
     ws = SplitKVWorkspace.for_device(32, 8, 128, torch.device("cuda"))
     by_name = {c.name: c for c in pa_bench.cases()}
     for name in (n for n in PAGED_CASES if args.only in n):
         case = by_name[name]
-        _profiled(f"paged {name}", pa_bench.ours_fn(case, pa_bench.Inputs(case), ws))
+        profile_once(f"paged {name}", pa_bench.ours_fn(case, pa_bench.Inputs(case), ws))
     return 0
 
 

@@ -299,18 +299,9 @@ def main() -> int:
     return run_gpu(profile=args.profile)
 
 
-def _profiled(name: str, fn) -> None:
-    fn()  # compile and warm up outside the profiled range
-    torch.cuda.synchronize()
-    print(f"== {name}", flush=True)
-    torch.cuda.cudart().cudaProfilerStart()
-    fn()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
-
-
 def run_gpu(profile: bool = False) -> int:
     from benchmarks.bench_mla_decode import graph_us, matmul_tflops
+    from benchmarks.profile_ncu import profile_once
     from vllm_blackwell_ext.kernels.device import device_info
     from vllm_blackwell_ext.kernels.mla_decode import (
         MlaDecodeWorkspace,
@@ -360,7 +351,7 @@ def run_gpu(profile: bool = False) -> int:
         ws = MlaDecodeWorkspace.allocate(batch, heads, splits, R, q.device)
         flops = mla_decode_flops(batch, heads, ctx, R)
         if profile:
-            _profiled(
+            profile_once(
                 "shipped",
                 partial(
                     mla_decode,
@@ -376,7 +367,7 @@ def run_gpu(profile: bool = False) -> int:
                 ),
             )
             for variant in VARIANTS:
-                _profiled(
+                profile_once(
                     f"gluon {variant}",
                     partial(
                         mla_decode_gluon,
