@@ -956,19 +956,6 @@ def mla_decode(
     has_scale = k_scale is not None
     scale_arg = k_scale if has_scale else out
     grid = (row_groups * num_splits * batch, 1, 1)
-    tensors = (q, kv_cache, block_table, seq_lens, scale_arg, o_part, l_part, out, lse_arg)
-    scalars = (
-        *q.stride()[:2], *kv_cache.stride()[:2], block_table.stride(0),
-        *part_strides, *out.stride()[:2], lse_out.stride(0) if has_lse else 0,
-        float(softmax_scale) * _LOG2E, num_heads, query_len, num_splits, row_groups,
-        # constexprs, in signature order: R .. DOT_DTYPE. TMA tiles of an fp8 cache widen to
-        # q's dtype (exact for e4m3) and take the 16-bit kernel: the per-tensor scale folds
-        # into the scores and the output there too.
-        kv_lora_rank, rope_dim, kv_cache.shape[1], cfg.block_m, cfg.block_n,
-        causal, has_scale, single, has_lse,
-        _dot_dtype(q, q.dtype if cfg.tma else kv_cache.dtype),
-    )  # fmt: skip
-    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.gluon and mla_decode_gluon.gluon_decode_supported(q, kv_cache, kv_lora_rank):
         if cache_layout is not None:
             kv_descs = cache_layout.gluon_descriptors()
@@ -981,16 +968,30 @@ def mla_decode(
             (float(softmax_scale) * _LOG2E, num_heads, query_len, num_splits, row_groups),
             causal=causal, single=single, has_lse=has_lse,
         )  # fmt: skip
-    elif kv_cache.dtype == torch.float8_e4m3fn and not cfg.tma:
-        handle = _SPLIT_FP8_LAUNCHER.launch(grid, (*tensors, *scalars), **options)
-    else:
-        if not cfg.tma:
-            descs = (None, None)
-        elif cache_layout is not None:
-            descs = cache_layout.descriptors(cfg.block_n, kv_lora_rank)
+    else:  # the Triton kernel
+        tensors = (q, kv_cache, block_table, seq_lens, scale_arg, o_part, l_part, out, lse_arg)
+        scalars = (
+            *q.stride()[:2], *kv_cache.stride()[:2], block_table.stride(0),
+            *part_strides, *out.stride()[:2], lse_out.stride(0) if has_lse else 0,
+            float(softmax_scale) * _LOG2E, num_heads, query_len, num_splits, row_groups,
+            # constexprs, in signature order: R .. DOT_DTYPE. TMA tiles of an fp8 cache widen to
+            # q's dtype (exact for e4m3) and take the 16-bit kernel: the per-tensor scale folds
+            # into the scores and the output there too.
+            kv_lora_rank, rope_dim, kv_cache.shape[1], cfg.block_m, cfg.block_n,
+            causal, has_scale, single, has_lse,
+            _dot_dtype(q, q.dtype if cfg.tma else kv_cache.dtype),
+        )  # fmt: skip
+        options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        if kv_cache.dtype == torch.float8_e4m3fn and not cfg.tma:
+            handle = _SPLIT_FP8_LAUNCHER.launch(grid, (*tensors, *scalars), **options)
         else:
-            descs = _tma_descriptors(kv_cache, cfg.block_n, kv_lora_rank)
-        handle = _SPLIT_LAUNCHER.launch(grid, (*tensors, *descs, *scalars, cfg.tma), **options)
+            if not cfg.tma:
+                descs = (None, None)
+            elif cache_layout is not None:
+                descs = cache_layout.descriptors(cfg.block_n, kv_lora_rank)
+            else:
+                descs = _tma_descriptors(kv_cache, cfg.block_n, kv_lora_rank)
+            handle = _SPLIT_LAUNCHER.launch(grid, (*tensors, *descs, *scalars, cfg.tma), **options)
     if compiled is not None:
         compiled.append(handle)
     if not single:
