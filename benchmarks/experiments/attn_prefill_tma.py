@@ -601,7 +601,7 @@ def compile_only(
 def fresh_prefill_tag(cfg) -> str:
     """A `FreshPrefillConfig` as the experiments' lines name it."""
     return (f"m={cfg.block_m} n={cfg.tile_n} w={cfg.num_warps} st={cfg.num_stages} "
-            f"skew={int(cfg.skew_scores)} diag_in_loop={int(cfg.diag_in_loop)}")  # fmt: skip
+            f"skew={int(cfg.skew_scores)}")  # fmt: skip
 
 
 def compile_shipped(
@@ -620,7 +620,7 @@ def compile_shipped(
             bq = cfg.block_m // gqa
             consts = dict(
                 GQA=gqa, HEAD=head, BLOCK_Q=bq, TILE_N=cfg.tile_n, STAGES=cfg.num_stages,
-                DOT_FP32=False, SKEW=cfg.skew_scores, DIAG_IN_LOOP=cfg.diag_in_loop,
+                DOT_FP32=False, SKEW=cfg.skew_scores,
             )  # fmt: skip
             sig = {"q_desc": f"tensordesc<bf16[{bq},{gqa},{head}]>", "out_ptr": "*bf16"}
             sig |= {n: f"tensordesc<bf16[{cfg.tile_n},{head}]>" for n in ("k_desc", "v_desc")}

@@ -53,16 +53,15 @@ CASES = (
 )
 
 
-def compile_only(capability: int, configs: tuple[fp.FreshPrefillConfig | None, ...]) -> None:
+def compile_only(capability: int) -> None:
     """Each config compiled offline for sm`capability`: registers, shared memory, spills and
     whether ptxas serialised the wgmma pipeline."""
     print(f"# triton {triton.__version__}, offline compile for sm{capability}")
-    shipped = tuple(cfg or fp._GPU_CONFIG for cfg in configs)
-    compile_shipped(capability, shipped, shapes=((128, 4), (64, 4)))
+    configs = tuple(cfg or fp._GPU_CONFIG for cfg in CONFIGS)
+    compile_shipped(capability, configs, shapes=((128, 4), (64, 4)))
 
 
-def bench(only: str, configs: tuple[fp.FreshPrefillConfig | None, ...]) -> None:
-    """Each of `configs` (None: the device's) and cuDNN's SDPA on each case."""
+def bench(only: str) -> None:
     from benchmarks.bench_paged_attention import graph_us
     from benchmarks.harness import bench_us
 
@@ -91,7 +90,7 @@ def bench(only: str, configs: tuple[fp.FreshPrefillConfig | None, ...]) -> None:
                 us = bench_us(call, 10, 40)
             print(f"{name}: sdpa-cudnn {us:.1f} us {flops / us / 1e6:.1f} TFLOP/s", flush=True)
         ref = None
-        for cfg in configs:
+        for cfg in CONFIGS:
             out = torch.empty_like(q)
             label = fresh_prefill_tag(cfg or fp.fresh_prefill_config(info))
             label += " (device)" if cfg is None else ""
@@ -109,16 +108,16 @@ def bench(only: str, configs: tuple[fp.FreshPrefillConfig | None, ...]) -> None:
                   f"(max |diff| vs the device's {diff:.1e})", flush=True)  # fmt: skip
 
 
-def main(doc: str = __doc__, configs: tuple[fp.FreshPrefillConfig | None, ...] = CONFIGS) -> None:
-    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="run cases whose name contains this")
     ap.add_argument("--compile-only", action="store_true", help="offline compile facts only")
     ap.add_argument("--capability", type=int, default=90, help="with --compile-only")
     args = ap.parse_args()
     if args.compile_only:
-        compile_only(args.capability, configs)
+        compile_only(args.capability)
         return
-    bench(args.only, configs)
+    bench(args.only)
 
 
 if __name__ == "__main__":

@@ -127,18 +127,14 @@ def check_rows(x: dict, scale: float, dtype) -> None:
     ).filter(lambda lens: max(lens) >= FRESH_PREFILL_MIN_QUERY_LEN),
     gqa=st.sampled_from([1, 2, 4]),
     dtype=st.sampled_from([torch.bfloat16, torch.float16]),
-    loop=st.sampled_from(["in_turn", "skew", "diag_in_loop"]),
+    skew=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_matches_reference_and_writes_only_its_requests(q_lens, gqa, dtype, loop, seed):
+def test_matches_reference_and_writes_only_its_requests(q_lens, gqa, dtype, skew, seed):
     num_kv_heads = 2
     x = make_inputs(q_lens, gqa * num_kv_heads, num_kv_heads, 64, dtype, seed)
     scale = 64**-0.5
-    cfg = replace(
-        fresh_prefill_config(device_info(DEVICE)),
-        skew_scores=loop == "skew",
-        diag_in_loop=loop == "diag_in_loop",
-    )
+    cfg = replace(fresh_prefill_config(device_info(DEVICE)), skew_scores=skew)
     run(x, scale, config=cfg)
     check_rows(x, scale, dtype)
 
@@ -261,24 +257,15 @@ def test_bad_input_raises_naming_the_argument(arg, exc, swap):
 
 
 # Configs the GPU tests run beside the device's own: scores one tile ahead, on 64-key tiles
-# (on 128-key tiles at head 128 they spill on sm90), and the diagonal tiles in the pipelined
-# loop, on 8-warp 128-row and 4-warp 64-row tiles.
+# (on 128-key tiles at head 128 they spill on sm90).
 SKEWED_GPU_CONFIGS = [
     FreshPrefillConfig(block_m=128, tile_n=64, num_warps=8, num_stages=3, skew_scores=True),
     FreshPrefillConfig(block_m=128, tile_n=64, num_warps=8, num_stages=4, skew_scores=True),
 ]
-DIAG_GPU_CONFIGS = [
-    FreshPrefillConfig(block_m=128, tile_n=128, num_warps=8, num_stages=3, diag_in_loop=True),
-    FreshPrefillConfig(block_m=64, tile_n=64, num_warps=4, num_stages=3, diag_in_loop=True),
-]
 
 
 @gpu_only
-@pytest.mark.parametrize(
-    "config",
-    [None, *SKEWED_GPU_CONFIGS, *DIAG_GPU_CONFIGS],
-    ids=["device", "skew3", "skew4", "diag128", "diag64"],
-)
+@pytest.mark.parametrize("config", [None, *SKEWED_GPU_CONFIGS], ids=["device", "skew3", "skew4"])
 @pytest.mark.parametrize("gqa", [1, 4, 8])
 @pytest.mark.parametrize("head", [64, 128])
 def test_gpu_real_sizes_match_reference(gqa, head, config):
@@ -290,11 +277,7 @@ def test_gpu_real_sizes_match_reference(gqa, head, config):
 
 
 @gpu_only
-@pytest.mark.parametrize(
-    "config",
-    [None, SKEWED_GPU_CONFIGS[0], *DIAG_GPU_CONFIGS],
-    ids=["device", "skew3", "diag128", "diag64"],
-)
+@pytest.mark.parametrize("config", [None, SKEWED_GPU_CONFIGS[0]], ids=["device", "skew3"])
 @pytest.mark.parametrize("q_lens", [[8192], [4096] * 4, [3008, 4992, 128]])
 def test_gpu_long_prompts_match_the_paged_kernel(q_lens, config):
     """Qwen3-8B shapes at prompt lengths the reference would take minutes for: against the
@@ -321,8 +304,3 @@ def test_gpu_long_prompts_match_the_paged_kernel(q_lens, config):
     )  # fmt: skip
     got = x["out"][:tokens].float()
     torch.testing.assert_close(got, want[:tokens].float(), atol=3e-2, rtol=3e-2)
-
-
-def test_a_config_takes_one_loop_schedule():
-    with pytest.raises(ValueError, match="diag_in_loop"):
-        FreshPrefillConfig(64, 64, 4, 3, skew_scores=True, diag_in_loop=True)

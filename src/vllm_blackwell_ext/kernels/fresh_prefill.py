@@ -66,13 +66,6 @@ class FreshPrefillConfig:
     # exponentials overlap the previous tile's P @ V on the tensor cores (FlashAttention 3's
     # intra-warpgroup overlap; the sm90 SASS then waits for the scores after the softmax).
     skew_scores: bool = False
-    # Run the diagonal tiles (the causal mask) in the pipelined loop, masked under a branch,
-    # instead of after it unpipelined: their K/V copies then arrive ahead like the others'.
-    diag_in_loop: bool = False
-
-    def __post_init__(self) -> None:
-        if self.skew_scores and self.diag_in_loop:
-            fail(ValueError, "diag_in_loop", "False with skew_scores (one loop or the other)", True)
 
     def block_q(self, gqa: int) -> int:
         return self.block_m // gqa
@@ -189,7 +182,6 @@ def _fresh_prefill_kernel(
     STAGES: tl.constexpr,
     DOT_FP32: tl.constexpr,
     SKEW: tl.constexpr,
-    DIAG_IN_LOOP: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GQA
     # Programs in reverse: a request's later blocks see more keys, so they start first.
@@ -234,26 +226,16 @@ def _fresh_prefill_kernel(
             s_next = _scores(q, k, None, False, qk_scale, DOT_FP32)
             acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, DOT_FP32)
             s = s_next
-    elif DIAG_IN_LOOP:
-        for j in tl.range(0, tile_hi, num_stages=STAGES):
-            k = k_desc.load([q_start + j * TILE_N, col])
-            v = v_desc.load([q_start + j * TILE_N, col])
-            s = _scores(q, k, None, False, qk_scale, DOT_FP32)
-            if j >= whole_hi:
-                visible = (j * TILE_N + offs_n)[None, :] <= q_local[:, None]
-                s = tl.where(visible, s, float("-inf"))
-            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, DOT_FP32)
     else:
         for j in tl.range(0, whole_hi, num_stages=STAGES):
             k = k_desc.load([q_start + j * TILE_N, col])
             v = v_desc.load([q_start + j * TILE_N, col])
             acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k, v, None, False, qk_scale, DOT_FP32)
-    if not DIAG_IN_LOOP:
-        for j in tl.range(whole_hi, tile_hi):
-            k = k_desc.load([q_start + j * TILE_N, col])
-            v = v_desc.load([q_start + j * TILE_N, col])
-            visible = (j * TILE_N + offs_n)[None, :] <= q_local[:, None]
-            acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k, v, visible, True, qk_scale, DOT_FP32)
+    for j in tl.range(whole_hi, tile_hi):
+        k = k_desc.load([q_start + j * TILE_N, col])
+        v = v_desc.load([q_start + j * TILE_N, col])
+        visible = (j * TILE_N + offs_n)[None, :] <= q_local[:, None]
+        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k, v, visible, True, qk_scale, DOT_FP32)
     out = acc / l_i[:, None]
     offs_d = tl.arange(0, HEAD)
     tl.store(
@@ -364,9 +346,9 @@ def fresh_prefill(
         (
             q_desc, k_desc, v_desc, out, cu_seqlens_q, seq_lens, batch,
             float(softmax_scale) * _LOG2E, os_[0], os_[1], FRESH_PREFILL_MIN_QUERY_LEN,
-            # constexprs, in signature order: GQA .. DIAG_IN_LOOP
+            # constexprs, in signature order: GQA .. SKEW
             gqa, head, block_q, cfg.tile_n, cfg.num_stages, info.device_class == "cpu",
-            cfg.skew_scores, cfg.diag_in_loop,
+            cfg.skew_scores,
         ),
         num_warps=cfg.num_warps,
         num_stages=DEFAULT_NUM_STAGES,
