@@ -288,9 +288,11 @@ def compile_split_kernel(
     )  # fmt: skip
 
 
-def compile_gluon_split_kernel(capability: tuple[int, int], single: bool = False) -> Any:
-    """The Gluon split kernel (`mla_decode_gluon`, a bf16 cache) compiled for `capability`
-    without a GPU, as `mla_decode` launches it for a `gluon` entry."""
+def compile_gluon_split_kernel(
+    capability: tuple[int, int], single: bool = False, kv_dtype: torch.dtype = torch.bfloat16
+) -> Any:
+    """The Gluon split kernel (`mla_decode_gluon`, a bf16 query over a `kv_dtype` cache)
+    compiled for `capability` without a GPU, as `mla_decode` launches it for a `gluon` entry."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -302,17 +304,18 @@ def compile_gluon_split_kernel(capability: tuple[int, int], single: bool = False
     q = torch.empty(4, 128, width, dtype=torch.bfloat16)
     descs = (
         *g._descriptors(q, 4 * 128, g.BLOCK_M),
-        *g.cache_descriptors(torch.empty(8, PAGE, width, dtype=torch.bfloat16)),
+        *g.cache_descriptors(torch.empty(8, PAGE, width, dtype=kv_dtype)),
     )
     names = ("q_lat_desc", "q_rope_desc", "kv_lat_desc", "kv_rope_desc")
     sig = {n: mangle_type(d) for n, d in zip(names, descs, strict=True)}
     ptrs = {"BT": "*i32", "SEQ": "*i32", "O_PART": "*fp32", "L_PART": "*fp32", "OUT": "*bf16",
-            "LSE": "*fp32"}  # fmt: skip
+            "LSE": "*fp32", "KSCALE": "*fp32"}  # fmt: skip
     sig |= ptrs | {n: "i32" for n in k.arg_names if n.startswith("stride_")}
     sig |= {"qk_scale_log2": "fp32"}
     sig |= {n: "i32" for n in ("num_heads", "query_len", "num_splits", "num_row_groups")}
     consts = dict(R=g.GLUON_KV_LORA_RANK, P=g.GLUON_ROPE_DIM, PAGE_SIZE=PAGE, CAUSAL=True,
-                  SINGLE_SPLIT=single, HAS_LSE=True)  # fmt: skip
+                  SINGLE_SPLIT=single, HAS_LSE=True,
+                  HAS_SCALE=kv_dtype == torch.float8_e4m3fn)  # fmt: skip
     sig |= {n: "constexpr" for n in consts}
     aligned = [*ptrs, "stride_pt", "stride_ph", "stride_ps", "stride_ot", "stride_oh"]
     attrs = {(k.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
@@ -323,20 +326,22 @@ def compile_gluon_split_kernel(capability: tuple[int, int], single: bool = False
     )
 
 
-def _check_gluon(cls: str, cap: tuple[int, int], limit: int) -> int:
-    """Compile a `gluon` entry's Gluon kernel (split and single-split variants); 1 if bad."""
+def _check_gluon(cls: str, tag: str, cap: tuple[int, int], limit: int) -> int:
+    """Compile a `gluon` entry's Gluon kernel (split and single-split variants) for a `tag`
+    ('bf16' | 'fp8') cache; 1 if bad."""
     from benchmarks.offline_compile import stats_of
 
+    kv_dtype = torch.float8_e4m3fn if tag == "fp8" else torch.bfloat16
     bad = 0
     for single in (False, True):
-        stats = stats_of(compile_gluon_split_kernel(cap, single))
+        stats = stats_of(compile_gluon_split_kernel(cap, single, kv_dtype))
         problems = [
             *(["OVER LIMIT"] if stats.shared > limit else []),
             *(["SPILLS"] if stats.spills else []),
             *(["TRAPS"] if stats.traps else []),
         ]
         bad |= bool(problems)
-        print(f"{cls} bf16 gluon kernel single_split={single}: shared={stats.shared}/{limit} "
+        print(f"{cls} {tag} gluon kernel single_split={single}: shared={stats.shared}/{limit} "
               f"regs={stats.registers} stack={stats.stack} {' '.join(problems) or 'ok'}",
               flush=True)  # fmt: skip
     return int(bad)
@@ -358,7 +363,7 @@ def check_offline(classes: list[str]) -> int:
                         seen.add(key)
                         stats = compile_offline(cfg, cap, tag == "fp8", rank)
                         if cfg.gluon and rank == 512:
-                            bad += _check_gluon(cls, cap, limit)
+                            bad += _check_gluon(cls, tag, cap, limit)
                         problems = [
                             *(["OVER LIMIT"] if stats.shared > limit else []),
                             *(["SPILLS IN A LOOP"] if stats.loop_spills else []),

@@ -608,18 +608,19 @@ def test_table_entries_compile_clean_for_their_class(device_class):
 
 
 def test_gluon_kernel_takes_only_what_it_is_built_for():
-    """`gluon_decode_supported`: a contiguous bf16 query over a bf16 cache with latent 512 +
-    rope 64; anything else stays on the Triton kernel of the same config."""
+    """`gluon_decode_supported`: a contiguous bf16 query over a bf16 or fp8 e4m3 cache with
+    latent 512 + rope 64; anything else stays on the Triton kernel of the same config."""
     q = torch.zeros(2, 128, 576, dtype=torch.bfloat16)
     cache = torch.zeros(4, 64, 576, dtype=torch.bfloat16)
     assert gluon_decode_supported(q, cache, 512)
+    assert gluon_decode_supported(q, cache.to(torch.float8_e4m3fn), 512)
     assert not gluon_decode_supported(q.half(), cache.half(), 512)  # fp16: the Triton kernel
-    assert not gluon_decode_supported(q, cache.half(), 512)  # not q's dtype
-    assert not gluon_decode_supported(q, cache.to(torch.float8_e4m3fn), 512)
+    assert not gluon_decode_supported(q, cache.half(), 512)  # neither bf16 nor fp8
+    assert not gluon_decode_supported(q.half(), cache.to(torch.float8_e4m3fn), 512)
     assert not gluon_decode_supported(q.transpose(0, 1), cache, 512)  # rows not contiguous
     assert not gluon_decode_supported(q[..., :288], cache[..., :288], 256)  # half width
     sm90 = MLA_DECODE_TMA_CONFIGS["sm90"]
-    assert sm90["bf16"][64].gluon and not sm90["fp8"][64].gluon
+    assert sm90["bf16"][64].gluon and sm90["fp8"][64].gluon
 
 
 # ------------------------------------------------------------------------ GPU (real size) ----
@@ -774,22 +775,28 @@ GLUON_CONFIG = MlaDecodeConfig(64, 64, 8, 2, 1, 128, tma=True, gluon=True)
     pages_per_tile=st.sampled_from([1, 2]),
     num_splits=st.sampled_from([None, 1, 3, 7]),
     causal=st.booleans(),
+    fp8=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 @example(
     heads_and_query_len=(20, 3), seq_lens=[2, 0, 1500], pages_per_tile=2, num_splits=7,
-    causal=True, seed=1,
+    causal=True, fp8=False, seed=1,
 )  # fmt: skip
 @example(
     heads_and_query_len=(128, 1), seq_lens=[1], pages_per_tile=1, num_splits=1, causal=False,
-    seed=2,
+    fp8=False, seed=2,
+)  # fmt: skip
+@example(
+    heads_and_query_len=(16, 4), seq_lens=[2900, 65, 0], pages_per_tile=1, num_splits=3,
+    causal=True, fp8=True, seed=3,
 )  # fmt: skip
 def test_gluon_kernel_matches_reference_with_stale_page_tails(
-    heads_and_query_len, seq_lens, pages_per_tile, num_splits, causal, seed
+    heads_and_query_len, seq_lens, pages_per_tile, num_splits, causal, fp8, seed
 ):
     """The Gluon split kernel on Hopper: 64-row tiles of heads x query tokens (row tiles that
     cross into the next request's rows or past the tensor included), causal or not, one to
-    seven splits, pages of one or two tiles whose stale tails hold 1e4."""
+    seven splits, bf16 or fp8 caches, pages of one or two tiles whose stale tails hold large
+    values."""
     from vllm_blackwell_ext.kernels.device import device_info
 
     if device_info("cuda").device_class != "sm90":
@@ -797,9 +804,9 @@ def test_gluon_kernel_matches_reference_with_stale_page_tails(
     num_heads, query_len = heads_and_query_len
     case = _make_case(
         device="cuda", kv_lora_rank=512, num_heads=num_heads, seq_lens=seq_lens,
-        query_len=query_len, block_size=64 * pages_per_tile, fp8=False, seed=seed,
+        query_len=query_len, block_size=64 * pages_per_tile, fp8=fp8, seed=seed,
     )  # fmt: skip
-    _fill_page_tails(case, 1e4)
+    _fill_page_tails(case, 448.0 if fp8 else 1e4)  # e4m3's largest finite value
     compiled: list = []
     _assert_close(*_run(case, num_splits, causal, config=GLUON_CONFIG, compiled=compiled))
     assert compiled[0].name == "_mla_decode_gluon_kernel"

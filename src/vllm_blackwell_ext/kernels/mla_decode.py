@@ -966,7 +966,7 @@ def mla_decode(
             (block_table.stride(0), *part_strides, *out.stride()[:2],
              lse_out.stride(0) if has_lse else 0),
             (float(softmax_scale) * _LOG2E, num_heads, query_len, num_splits, row_groups),
-            causal=causal, single=single, has_lse=has_lse,
+            k_scale=k_scale, causal=causal, single=single, has_lse=has_lse,
         )  # fmt: skip
     else:  # the Triton kernel
         tensors = (q, kv_cache, block_table, seq_lens, scale_arg, o_part, l_part, out, lse_arg)

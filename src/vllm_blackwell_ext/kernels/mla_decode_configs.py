@@ -143,7 +143,7 @@ PREFERRED_BLOCK_SIZE = 64
 MLA_DECODE_TMA_CONFIGS: dict[str, dict[str, dict[int, MlaDecodeConfig]]] = {
     "sm90": {
         "bf16": {64: C(64, 64, 8, 2, 1, 128, tma=True, gluon=True)},
-        "fp8": {64: C(64, 64, 8, 2, 1, 128, tma=True)},
+        "fp8": {64: C(64, 64, 8, 2, 1, 128, tma=True, gluon=True)},
     },
 }
 # fmt: on

@@ -48,18 +48,20 @@ GLUON_ROPE_DIM = 64
 BLOCK_M = 64
 BLOCK_N = 64
 NUM_WARPS = 8
-_CHUNK = 64  # columns per 128-byte swizzled row of a 16-bit tile: one TMA box's width
+_CHUNK = 64  # columns per swizzled row of a tile's latent chunk: one TMA box's width
 
 
 def gluon_decode_supported(q: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int) -> bool:
     """Whether a launch `MlaDecodeConfig.gluon` selects can run here: Gluon's Hopper API, a
-    bf16 query and cache (the dtype it is measured and tested with; the kernel itself takes
-    q's dtype), the widths above, and a contiguous q (its rows are read through TMA)."""
+    bf16 query (the dtype it is measured and tested with; the kernel itself takes q's dtype)
+    over a bf16 or fp8 e4m3 cache, the widths above, and a contiguous q (its rows are read
+    through TMA)."""
     return (
         GLUON_AVAILABLE
         and kv_lora_rank == GLUON_KV_LORA_RANK
         and kv_cache.shape[-1] == GLUON_KV_LORA_RANK + GLUON_ROPE_DIM
-        and q.dtype == kv_cache.dtype == torch.bfloat16
+        and q.dtype == torch.bfloat16
+        and kv_cache.dtype in (torch.bfloat16, torch.float8_e4m3fn)
         and q.is_contiguous()
         and q.data_ptr() % 16 == 0
     )
@@ -76,10 +78,28 @@ if GLUON_AVAILABLE:
         byte order) and `rope`, arriving on `bar`."""
         bits: gl.constexpr = lat.dtype.primitive_bitwidth
         mbarrier.expect(bar, BN * (R + P) * bits // 8)
-        chunks_layout: gl.constexpr = gl.NVMMASharedLayout(128, bits, rank=3)
-        chunks = lat._reinterpret(lat.dtype, [R // 64, BN, 64], chunks_layout)
-        tma.async_copy_global_to_shared(lat_desc, [0, row, 0], bar, chunks)
+        tma.async_copy_global_to_shared(lat_desc, [0, row, 0], bar, _chunks(lat, R, BN))
         tma.async_copy_global_to_shared(rope_desc, [row, R], bar, rope)
+
+    @gluon.jit
+    def _chunks(tile, R: gl.constexpr, BN: gl.constexpr, RANK: gl.constexpr = 3):
+        """A [BN, R] tile in shared memory as its R // 64 column chunks of [BN, 64]: one 3D
+        block (RANK 3, what a 3D TMA copy fills) or R // 64 tiles to index (RANK 2)."""
+        bits: gl.constexpr = tile.dtype.primitive_bitwidth
+        layout: gl.constexpr = gl.NVMMASharedLayout(8 * bits, bits, rank=RANK)
+        return tile._reinterpret(tile.dtype, [R // 64, BN, 64], layout)
+
+    @gluon.jit
+    def _widen_tile(lat8, rope8, lat, rope, R: gl.constexpr, BN: gl.constexpr):
+        """Copy an fp8 tile (`lat8`, `rope8`) to the 16-bit tiles `lat`, `rope` that the
+        tensor cores read, 64 columns at a time (exact: e4m3 values are bf16 / fp16 values)."""
+        # 16 consecutive bytes per thread: one 16-byte shared-memory load per chunk.
+        layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [gl.num_warps(), 1], [1, 0])
+        src = _chunks(lat8, R, BN, 2)
+        dst = _chunks(lat, R, BN, 2)
+        for c in gl.static_range(R // 64):
+            dst.index(c).store(src.index(c).load(layout).to(lat.dtype))
+        rope.store(rope8.load(layout).to(rope.dtype))
 
     @gluon.jit
     def _cache_row(bt_row, key, PAGE_SIZE: gl.constexpr):
@@ -100,6 +120,7 @@ if GLUON_AVAILABLE:
         L_PART,  # fp32 [T, H, S]: per-split log2-sum-exp (multi-split only)
         OUT,  # [T, H, R] (single split only)
         LSE,  # fp32 [T, H] (single split with HAS_LSE only)
+        KSCALE,  # fp32 [1]: an fp8 cache's per-tensor scale (HAS_SCALE only)
         stride_bt,
         stride_pt,
         stride_ph,
@@ -120,11 +141,16 @@ if GLUON_AVAILABLE:
         CAUSAL: gl.constexpr,
         SINGLE_SPLIT: gl.constexpr,
         HAS_LSE: gl.constexpr,
+        HAS_SCALE: gl.constexpr,
     ):
         BM: gl.constexpr = 64
         BN: gl.constexpr = 64
         STAGES: gl.constexpr = 2
         dtype: gl.constexpr = q_rope_desc.dtype
+        kv_dtype: gl.constexpr = kv_rope_desc.dtype
+        # An fp8 cache's tiles land in fp8 stages and are widened into one 16-bit tile per
+        # program before the dots; the per-tensor scale folds into the scores and the output.
+        KV_FP8: gl.constexpr = kv_dtype.primitive_bitwidth == 8
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BN // 2, 16]
         )
@@ -132,6 +158,8 @@ if GLUON_AVAILABLE:
             version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, R // 2, 16]
         )
         smem: gl.constexpr = gl.NVMMASharedLayout(128, dtype.primitive_bitwidth)
+        kv_smem: gl.constexpr = gl.NVMMASharedLayout(64 * kv_dtype.primitive_bitwidth // 8,
+                                                     kv_dtype.primitive_bitwidth)  # fmt: skip
 
         # Program order, key split and causal limits as `_split_program` (the Triton kernel).
         pid = gl.program_id(0)
@@ -154,8 +182,11 @@ if GLUON_AVAILABLE:
 
         q_lat = gl.allocate_shared_memory(dtype, [BM, R], smem)
         q_rope = gl.allocate_shared_memory(dtype, [BM, P], smem)
-        k_lat = gl.allocate_shared_memory(dtype, [STAGES, BN, R], smem)
-        k_rope = gl.allocate_shared_memory(dtype, [STAGES, BN, P], smem)
+        k_lat = gl.allocate_shared_memory(kv_dtype, [STAGES, BN, R], kv_smem)
+        k_rope = gl.allocate_shared_memory(kv_dtype, [STAGES, BN, P], kv_smem)
+        if KV_FP8:
+            wide_lat = gl.allocate_shared_memory(dtype, [BN, R], smem)
+            wide_rope = gl.allocate_shared_memory(dtype, [BN, P], smem)
         p_smem = gl.allocate_shared_memory(dtype, [BM, BN], smem)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -182,6 +213,10 @@ if GLUON_AVAILABLE:
         l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout))
         acc = gl.zeros([BM, R], gl.float32, o_layout)
         s_zero = gl.zeros([BM, BN], gl.float32, s_layout)
+        score_scale = qk_scale_log2
+        if HAS_SCALE:
+            k_scale = gl.load(KSCALE)
+            score_scale = score_scale * k_scale
         mbarrier.wait(q_bar, 0)
 
         for i in range(n_tiles):
@@ -189,12 +224,22 @@ if GLUON_AVAILABLE:
             lat = k_lat.index(stage)
             rope = k_rope.index(stage)
             mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
+            if KV_FP8:
+                _widen_tile(lat, rope, wide_lat, wide_rope, R, BN)
+                fence_async_shared()
+                _cta_barrier()  # the whole 16-bit tile written; the fp8 stage is free again
+                if i + STAGES < n_tiles:
+                    _load_tile(kv_lat_desc, kv_rope_desc,
+                               _cache_row(bt_row, start + (i + STAGES) * BN, PAGE_SIZE),
+                               ready.index(stage), lat, rope, R, P, BN)  # fmt: skip
+                lat = wide_lat
+                rope = wide_rope
             s = warpgroup_mma(q_lat, lat.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s = warpgroup_mma(q_rope, rope.permute((1, 0)), s, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
             key = start + i * BN + offs_n
             visible = (key[None, :] < limit[:, None]) & (key < end)[None, :]
-            s = gl.where(visible, s * qk_scale_log2, float("-inf"))
+            s = gl.where(visible, s * score_scale, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(s, 1))
             # A row with no visible key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN.
             m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -208,11 +253,12 @@ if GLUON_AVAILABLE:
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             acc = warpgroup_mma(p_smem, lat, acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            _cta_barrier()  # both groups done with this stage and with P
-            if i + STAGES < n_tiles:
-                _load_tile(kv_lat_desc, kv_rope_desc,
-                           _cache_row(bt_row, start + (i + STAGES) * BN, PAGE_SIZE),
-                           ready.index(stage), lat, rope, R, P, BN)  # fmt: skip
+            _cta_barrier()  # both groups done with this tile and with P
+            if not KV_FP8:
+                if i + STAGES < n_tiles:
+                    _load_tile(kv_lat_desc, kv_rope_desc,
+                               _cache_row(bt_row, start + (i + STAGES) * BN, PAGE_SIZE),
+                               ready.index(stage), lat, rope, R, P, BN)  # fmt: skip
 
         for st in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(st))
@@ -225,6 +271,8 @@ if GLUON_AVAILABLE:
         m_o = gl.convert_layout(m_i, rows_layout)
         has_keys = l_o > 0.0
         inv_l = gl.where(has_keys, 1.0 / gl.where(has_keys, l_o, 1.0), 0.0)
+        if HAS_SCALE:
+            inv_l = inv_l * k_scale
         lse2 = gl.where(has_keys, m_o + gl.log2(gl.where(has_keys, l_o, 1.0)), float("-inf"))
         rows = rg * BM + gl.arange(0, BM, rows_layout)
         row_ok = rows < rows_per_req
@@ -246,18 +294,20 @@ if GLUON_AVAILABLE:
 
 def _descriptors(t: torch.Tensor, rows: int, block_rows: int) -> tuple:
     """Descriptors of a [rows, R + P] view of `t`: its latent columns as R / 64 chunks of
-    [block_rows, 64] (one 3D copy), and its rope columns as [block_rows, P]."""
+    [block_rows, 64] (one 3D copy), and its rope columns as [block_rows, P]; each 64-column
+    row swizzled over its own width (128 bytes of bf16, 64 of fp8)."""
     width = GLUON_KV_LORA_RANK + GLUON_ROPE_DIM
     bits = t.element_size() * 8
     chunks = GLUON_KV_LORA_RANK // _CHUNK
+    swizzle = _CHUNK * bits // 8
     return (
         TensorDescriptor(
             t, [chunks, rows, _CHUNK], [_CHUNK, width, 1], [chunks, block_rows, _CHUNK],
-            gl.NVMMASharedLayout(128, bits, rank=3),
+            gl.NVMMASharedLayout(swizzle, bits, rank=3),
         ),
         TensorDescriptor(
             t, [rows, width], [width, 1], [block_rows, GLUON_ROPE_DIM],
-            gl.NVMMASharedLayout(128, bits),
+            gl.NVMMASharedLayout(swizzle, bits),
         ),
     )  # fmt: skip
 
@@ -280,18 +330,21 @@ def launch_split(
     strides: tuple,
     scalars: tuple,
     *,
+    k_scale: torch.Tensor | None,
     causal: bool,
     single: bool,
     has_lse: bool,
 ):
     """Launch the split stage: `outputs` (o_part, l_part, out, lse), `strides` (block table,
     partials x 5, out x 2, lse), `scalars` (qk_scale_log2, num_heads, query_len, num_splits,
-    num_row_groups) as `mla_decode` passes them to the Triton kernel. Returns the compiled
-    kernel."""
+    num_row_groups) as `mla_decode` passes them to the Triton kernel; `k_scale` an fp8 cache's
+    per-tensor scale. Returns the compiled kernel."""
     tokens, heads, _ = q.shape
     q_descs = _descriptors(q, tokens * heads, BLOCK_M)
+    has_scale = k_scale is not None
     return _mla_decode_gluon_kernel[grid](
-        *q_descs, *kv_descs, block_table, seq_lens, *outputs, *strides, *scalars,
-        GLUON_KV_LORA_RANK, GLUON_ROPE_DIM, kv_cache.shape[1], causal, single, has_lse,
+        *q_descs, *kv_descs, block_table, seq_lens, *outputs,
+        k_scale if has_scale else outputs[2], *strides, *scalars,
+        GLUON_KV_LORA_RANK, GLUON_ROPE_DIM, kv_cache.shape[1], causal, single, has_lse, has_scale,
         num_warps=NUM_WARPS,
     )  # fmt: skip
