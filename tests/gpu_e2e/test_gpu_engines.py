@@ -213,7 +213,7 @@ def test_bwx_mla_with_128_heads_matches_vllm_default_and_takes_tma_on_hopper(eng
     ours = result_of(engines, "mla128-bwx_mla")
     assert_matches_within_noise(ours, default, noise)
     # 64-token pages (BWX_MLA's preferred size), contiguous: Hopper's 64-row tiles use TMA,
-    # through the Gluon kernel for a bf16 cache.
+    # through the Gluon kernel.
     hopper = torch.cuda.get_device_capability() == (9, 0)
     assert (MLA128_TMA_LOG % "Gluon" in ours["log"]) == hopper
 
@@ -225,10 +225,10 @@ def test_bwx_mla_fp8_cache_with_128_heads_is_no_worse_than_triton_mla_and_takes_
         engines, "mla128-default", "mla128-bwx_mla-fp8", "mla128-triton_mla-fp8"
     )
     ours = result_of(engines, "mla128-bwx_mla-fp8")
-    # Hopper's fp8 64-row tiles read through TMA too (widened to bf16, the Triton kernel), on
-    # split plans the metadata builder made for that entry.
+    # Hopper's fp8 64-row tiles read through TMA too, into the Gluon kernel (widened to bf16
+    # in shared memory), on split plans the metadata builder made for that entry.
     hopper = torch.cuda.get_device_capability() == (9, 0)
-    assert (MLA128_TMA_LOG % "Triton" in ours["log"]) == hopper
+    assert (MLA128_TMA_LOG % "Gluon" in ours["log"]) == hopper
 
 
 def test_bwx_mla_fp8_cache_matches_triton_mla_fp8(engines):

@@ -22,10 +22,9 @@ each KV tile, and the kernel is built around that:
   element;
 - on Hopper a 16-bit cache stored contiguously with pages a multiple of 64 tokens (vLLM's
   layout; BWX_MLA asks for 64-token pages) takes 64-key tiles read by TMA copies for 64-row
-  tiles (`MLA_DECODE_TMA_CONFIGS`); other caches are gathered per thread with `cp.async`. A
-  TMA config given for an fp8 cache runs the same path, each tile widened to q's dtype (no
-  table entry takes it yet: `benchmarks/experiments/mla_tma_row_tiles.py` times it);
-- Hopper's 64-row TMA tiles of a bf16 cache run through a Gluon kernel of the same tile
+  tiles (`MLA_DECODE_TMA_CONFIGS`); other caches are gathered per thread with `cp.async`. An
+  fp8 cache's TMA tiles take the same path, each tile widened to q's dtype;
+- Hopper's 64-row TMA tiles of a bf16 or fp8 cache run through a Gluon kernel of the same tile
   (`mla_decode_gluon`) that computes each score tile once where the Triton kernel computes it
   in both warp groups: the same programs, splits, outputs and merge;
 - query_len up to 8 rows per request (MTP / speculative verification), causal within the rows;

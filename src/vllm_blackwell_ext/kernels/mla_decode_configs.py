@@ -33,8 +33,8 @@ class MlaDecodeConfig:
     # is a multiple of block_n (`MLA_DECODE_TMA_CONFIGS`).
     tma: bool = False
     # Run that TMA tile through the Gluon kernel (`mla_decode_gluon`: sm90, 64 x 64 tiles of a
-    # bf16 cache, latent 512) where it can (`gluon_decode_supported`); the Triton kernel of the
-    # same config otherwise.
+    # bf16 or fp8 cache under a bf16 query, latent 512) where it can (`gluon_decode_supported`);
+    # the Triton kernel of the same config otherwise.
     gluon: bool = False
 
 
@@ -134,11 +134,12 @@ PREFERRED_BLOCK_SIZE = 64
 # two programs per SM), 16 heads x 4 query tokens B=64 32k 1483.8 vs 1626.6 us (1.10x), 128
 # heads B=64 32k 204.3 vs 190.9 TFLOP/s (1.07x) (`mla_tma_row_tiles.py`,
 # `h100-mla-tma-row-tiles-fp8.txt`). Split plans take these entries too: the metadata
-# builder knows vLLM's page size (`plan_mla_decode`'s `tma_page_size`). The bf16 entry runs
+# builder knows vLLM's page size (`plan_mla_decode`'s `tma_page_size`). Both entries run
 # through the Gluon kernel, which computes each score tile once rather than in both warp
-# groups: H100 / H200, 128 heads B=64 32k, 426.1 / 426.8 TFLOP/s against 262.0 / 281.3 for the
-# Triton kernel of this entry (`benchmarks/experiments/mla_decode_gluon.py`,
-# `h100-mla-decode-gluon.txt`, `h200-mla-decode-gluon.txt`).
+# groups: H100 / H200, 128 heads B=64 32k bf16, 426.1 / 426.8 TFLOP/s against 262.0 / 281.3 for
+# the Triton kernel of this entry (`benchmarks/experiments/mla_decode_gluon.py`,
+# `h100-mla-decode-gluon.txt`, `h200-mla-decode-gluon.txt`); H100 fp8 266.4 against 204.1
+# (`mla_fp8_gluon.py`, `h100-mla-fp8-gluon.txt`).
 # fmt: off
 MLA_DECODE_TMA_CONFIGS: dict[str, dict[str, dict[int, MlaDecodeConfig]]] = {
     "sm90": {
