@@ -23,9 +23,9 @@ It computes what `_mla_decode_split_kernel` does for its programs (same program 
 splits, causal rows, outputs and partials), so `mla_decode` launches one or the other and the
 same merge. Scope: sm90, a bf16 query over a bf16 or fp8 e4m3 cache with pages a multiple of
 64 tokens read through TMA (`MlaDecodeConfig.gluon`), latent 512 + rope 64, a contiguous
-query. Gluon does
-not run under the CPU interpreter: the kernel is checked there by compiling it offline for
-sm90 (`tune_mla_decode.py --check sm90`), and runs against the reference on the GPU.
+query. Gluon does not run under the CPU interpreter: the kernel is checked there by compiling
+it offline for sm90 (`tune_mla_decode.py --check sm90`), and runs against the reference on
+the GPU.
 """
 
 from __future__ import annotations
