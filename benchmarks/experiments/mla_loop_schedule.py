@@ -1,10 +1,10 @@
 """What one key tile of BWX_MLA's wide-head Hopper decode issues, read from its sm90 SASS.
 
-The 128-head decode (DeepSeek-V3 / Kimi at TP1) is compute-bound, and runs at a third of the
-matmul rate (`h100-mla-decode.md`); its Nsight Compute profile shows the tensor pipe 43 % busy
-with barrier and long-scoreboard stalls ahead (`h100-ncu-mla-tma.txt`). This compiles the
-shipped Hopper TMA entries (`MLA_DECODE_TMA_CONFIGS["sm90"]`, 64 rows x 64 keys on 8 warps)
-offline with Triton's bundled ptxas, and prints the key loop's order of wgmma issue
+The 128-head decode (DeepSeek-V3 / Kimi at TP1) is compute-bound, and ran at a third of the
+matmul rate (`h100-mla-decode.md` at be77380); its Nsight Compute profile showed the tensor
+pipe 43 % busy with barrier and long-scoreboard stalls ahead (`h100-ncu-mla-tma.txt`). This
+compiles the shipped Hopper TMA entries (`MLA_DECODE_TMA_CONFIGS["sm90"]`, 64 rows x 64 keys
+on 8 warps) offline with Triton's bundled ptxas, and prints the key loop's order of wgmma issue
 (HGMMA.MxNxK), wgmma waits (WARPGROUP.DEPBAR), CTA barriers (BAR.SYNC), TMA copies (UTMALDG)
 and their waits (SYNCS.PHASECHK) and the softmax's exponentials (MUFU.EX2); the TTGIR's wgmma
 layouts (how the warps split each dot's result); then the tensor-core work one program issues
