@@ -50,11 +50,25 @@ from vllm_blackwell_ext.kernels.mla_decode_configs import (
     MlaDecodeConfig,
     get_mla_decode_config,
 )
-from vllm_blackwell_ext.kernels.mla_decode_gluon import gluon_decode_supported
+from vllm_blackwell_ext.kernels.mla_decode_gluon import GLUON_AVAILABLE, gluon_decode_supported
 from vllm_blackwell_ext.reference.mla_decode import mla_decode_reference
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="real-size MLA decode needs a CUDA GPU")
+
+if GLUON_AVAILABLE:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    from vllm_blackwell_ext.kernels.mla_decode_gluon import _e4m3_to_bf16
+
+    @gluon.jit
+    def _widen_bytes_kernel(src, dst, N: gl.constexpr):
+        """`_e4m3_to_bf16` of N fp8 values."""
+        layout: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
+        offs = gl.arange(0, N, layout)
+        gl.store(dst + offs, _e4m3_to_bf16(gl.load(src + offs)))
+
 
 OUT_ATOL = 2e-2
 OUT_RTOL = 2e-2
@@ -810,6 +824,26 @@ def test_gluon_kernel_matches_reference_with_stale_page_tails(
     compiled: list = []
     _assert_close(*_run(case, num_splits, causal, config=GLUON_CONFIG, compiled=compiled))
     assert compiled[0].name == "_mla_decode_gluon_kernel"
+
+
+@gpu_only
+@pytest.mark.gpu
+def test_gluon_widening_gives_every_e4m3_byte_its_bf16_value():
+    """The Gluon kernel's integer e4m3 -> bf16 widening, on all 256 bytes: bit for bit what
+    torch's conversion gives (signed zeros and subnormals included); the two NaN bytes come
+    out as +-480, as documented."""
+    from vllm_blackwell_ext.kernels.device import device_info
+
+    if device_info("cuda").device_class != "sm90" or not GLUON_AVAILABLE:
+        pytest.skip("the Gluon kernel is Hopper's")
+    src = torch.arange(256, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+    out = torch.empty(256, dtype=torch.bfloat16, device="cuda")
+    _widen_bytes_kernel[(1,)](src, out, 256, num_warps=1)
+    expected = src.to(torch.bfloat16)
+    nan = expected.isnan()
+    assert nan.sum().item() == 2
+    assert torch.equal(out[~nan].view(torch.int16), expected[~nan].view(torch.int16))
+    assert out[nan].float().abs().tolist() == [480.0, 480.0]
 
 
 @gpu_only
