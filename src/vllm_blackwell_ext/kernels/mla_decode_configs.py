@@ -138,8 +138,8 @@ PREFERRED_BLOCK_SIZE = 64
 # through the Gluon kernel, which computes each score tile once rather than in both warp
 # groups: H100 / H200, 128 heads B=64 32k bf16, 426.1 / 426.8 TFLOP/s against 262.0 / 281.3 for
 # the Triton kernel of this entry (`benchmarks/experiments/mla_decode_gluon.py`,
-# `h100-mla-decode-gluon.txt`, `h200-mla-decode-gluon.txt`); H100 fp8 266.4 against 204.1
-# (`mla_fp8_gluon.py`, `h100-mla-fp8-gluon.txt`).
+# `h100-mla-decode-gluon.txt`, `h200-mla-decode-gluon.txt`); H100 fp8 308.0 against 205.0
+# (`mla_fp8_gluon.py`, `h100-mla-fp8-gluon-int-widening.txt`).
 # fmt: off
 MLA_DECODE_TMA_CONFIGS: dict[str, dict[str, dict[int, MlaDecodeConfig]]] = {
     "sm90": {

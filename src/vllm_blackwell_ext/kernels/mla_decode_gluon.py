@@ -13,11 +13,12 @@ same tile: 1.63x / 1.52x (`benchmarks/experiments/mla_decode_gluon.py`,
 `h100-mla-decode-gluon.txt`, `h200-mla-decode-gluon.txt`).
 
 An fp8 e4m3 cache's tiles land in fp8 stages (half the bytes in flight) and all eight warps
-widen each into one bf16 tile in shared memory (exact) before the same dots; the per-tensor
-scale multiplies the scores and the output, as in the Triton kernels. The stage is refilled
-as soon as it is widened. H100, 128 heads B=64 x 32k: 266.4 TFLOP/s against 204.1 for the
-Triton kernel of the same tile, 16 heads x 4 query tokens 1.29x
-(`benchmarks/experiments/mla_fp8_gluon.py`, `h100-mla-fp8-gluon.txt`).
+widen each into one bf16 tile in shared memory (exact, in integer ops: `_e4m3_to_bf16`)
+before the same dots; the per-tensor scale multiplies the scores and the output, as in the
+Triton kernels. The stage is refilled as soon as it is widened. H100, 128 heads B=64 x 32k:
+308.0 TFLOP/s against 205.0 for the Triton kernel of the same tile (1.50x), 16 heads x 4 query
+tokens 1.54x (`benchmarks/experiments/mla_fp8_gluon.py`, `h100-mla-fp8-gluon-int-widening.txt`;
+with Triton's e4m3 -> fp16 -> bf16 conversions: 1.31x / 1.29x, `h100-mla-fp8-gluon.txt`).
 
 It computes what `_mla_decode_split_kernel` does for its programs (same program order, key
 splits, causal rows, outputs and partials), so `mla_decode` launches one or the other and the
