@@ -63,17 +63,18 @@ CURATED: dict[tuple[str, int], list[MlaDecodeConfig]] = {
 
 
 def candidates(tag: str, tile: int, full: bool = False) -> list[MlaDecodeConfig]:
-    if not full:
-        return CURATED[(tag, tile)]
-    out = []
-    for bm in sorted({16, tile}):
-        for bn in (16, 32, 64):
-            for warps in (4, 8):
-                for stages in (2, 3, 4, 5):
-                    if bm * R // (warps * 32) > 160:  # fp32 accumulator registers alone: spills
-                        continue
-                    out.append(MlaDecodeConfig(bm, bn, warps, stages))
-    return out
+    cfgs = [] if full else list(CURATED[(tag, tile)])
+    if full:
+        for bm in sorted({16, tile}):
+            for bn in (16, 32, 64):
+                for warps in (4, 8):
+                    for stages in (2, 3, 4, 5):
+                        if bm * R // (warps * 32) > 160:  # fp32 accumulators alone: spills
+                            continue
+                        cfgs.append(MlaDecodeConfig(bm, bn, warps, stages))
+    if tag == "fp8":  # P @ V's operand widened by the convert, or in integer ops
+        cfgs += [dataclasses.replace(c, int_widen=True) for c in cfgs]
+    return cfgs
 
 
 def tune_gpu(args: argparse.Namespace) -> int:
@@ -203,9 +204,10 @@ def _format_entry(device_class: str, entry: dict[str, dict[int, MlaDecodeConfig]
     for tag, by_tile in entry.items():
         lines.append(f'        "{tag}": {{')
         for t, c in by_tile.items():
+            int_widen = ", int_widen=True" if c.int_widen else ""
             lines.append(
                 f"            {t}: C({c.block_m}, {c.block_n}, {c.num_warps}, {c.num_stages}, "
-                f"{c.ctas_per_sm}, {c.min_split_keys}),"
+                f"{c.ctas_per_sm}, {c.min_split_keys}{int_widen}),"
             )
         lines.append("        },")
     lines.append("    },")
@@ -280,6 +282,8 @@ def compile_split_kernel(
         DOT_DTYPE=tl.float16 if pairs_kernel else tl.bfloat16,
         **tma,
     )
+    if pairs_kernel:
+        consts["INT_WIDEN"] = cfg.int_widen
     aligned = [*ptrs, "stride_qt", "stride_qh", "stride_kv_page", "stride_kv_tok", "stride_pt",
                "stride_ph", "stride_ps", "stride_ot", "stride_oh"]  # fmt: skip
     return compile_kernel(

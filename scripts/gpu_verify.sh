@@ -25,6 +25,9 @@
 #               (fresh-prefill-skew.txt)
 #   mla-gluon   benchmarks/experiments/mla_decode_gluon.py: its check, then the Gluon wide-head
 #               MLA decode tile against the shipped kernel (mla-decode-gluon.txt)
+#   mla-fp8     the fp8 widening tests, then benchmarks/experiments/mla_fp8_int_widen.py (fp8
+#               pair-kernel entries with `int_widen`) and mla_fp8_gluon.py (fp8 64-row tiles,
+#               Gluon against Triton) (mla-fp8.txt)
 #   ncu         benchmarks/profile_ncu.py under Nsight Compute: speed of light, occupancy, pipe
 #               use and stall reasons of each row short of its goal (ncu-missed-goals.txt)
 #
@@ -33,7 +36,7 @@
 # OUT_DIR gets the pytest logs, the engine tests' summary.md and the benchmark results; each
 # engine's figures are written as soon as it finishes, so a run cut short keeps those.
 set -uo pipefail
-[[ $# -ge 2 ]] || { sed -n '2,34p' "$0"; exit 2; }
+[[ $# -ge 2 ]] || { sed -n '2,37p' "$0"; exit 2; }
 out=$1
 shift
 mkdir -p "$out"
@@ -87,6 +90,13 @@ for step in "$@"; do
       python benchmarks/experiments/mla_decode_gluon.py > "$out/mla-decode-gluon.txt" 2>&1 ||
         status=1
       tail -n 22 "$out/mla-decode-gluon.txt"
+      ;;
+    mla-fp8)
+      { python -m pytest -q tests/kernels/test_fp8_pairs.py &&
+        python -m pytest -q tests/kernels/test_mla_decode.py -k "integer_ops or e4m3" &&
+        python benchmarks/experiments/mla_fp8_int_widen.py &&
+        python benchmarks/experiments/mla_fp8_gluon.py; } > "$out/mla-fp8.txt" 2>&1 || status=1
+      tail -n 40 "$out/mla-fp8.txt"
       ;;
     host)
       python benchmarks/experiments/attn_host_profile.py > "$out/attn-host-profile.txt" 2>&1 ||

@@ -281,6 +281,35 @@ def test_tma_tiles_match_reference_with_stale_page_tails(
     _assert_close(*_run(case, num_splits, config=cfg))
 
 
+@settings(max_examples=6, deadline=None)
+@given(
+    kv_lora_rank=st.sampled_from([256, 512]),
+    num_heads=st.sampled_from([4, 16, 20]),
+    seq_lens=st.lists(st.integers(0, 70), min_size=1, max_size=3),
+    query_len=st.integers(1, 3),
+    block_n=st.sampled_from([16, 32]),
+    num_splits=st.sampled_from([1, 3]),
+    seed=st.integers(0, 2**16),
+)
+@example(
+    kv_lora_rank=512, num_heads=16, seq_lens=[70, 33], query_len=3, block_n=32, num_splits=3,
+    seed=5,
+)  # fmt: skip
+def test_fp8_values_widened_in_integer_ops_match_reference(
+    device, kv_lora_rank, num_heads, seq_lens, query_len, block_n, num_splits, seed
+):
+    """`int_widen` entries: an fp8 cache's P @ V operand widened in integer ops (the values
+    times 2^-8, restored in the output's scale), with stale page tails at e4m3's largest
+    value."""
+    case = _make_case(
+        device=device, kv_lora_rank=kv_lora_rank, num_heads=num_heads, seq_lens=seq_lens,
+        query_len=query_len, block_size=16, fp8=True, seed=seed,
+    )  # fmt: skip
+    _fill_page_tails(case, 448.0)
+    cfg = MlaDecodeConfig(16, block_n, 4, 2, 1, 128, int_widen=True)
+    _assert_close(*_run(case, num_splits, config=cfg))
+
+
 def test_cache_layout_made_once_gives_the_same_output_and_must_be_the_caches_own(device):
     """`mla_cache_layout`, made once and passed per call with the checks off (what BWX_MLA's
     decode does), launches the same TMA tiles bit for bit; a layout of another tensor is
@@ -671,6 +700,24 @@ def test_real_sizes_match_reference(
         seed=len(seq_lens) + num_heads,
     )
     _assert_close(*_run(case, num_splits))
+
+
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", [16, 32])
+@pytest.mark.parametrize("seq_lens", [[4097, 1, 777, 0], [20000]], ids=["ragged", "long"])
+def test_fp8_values_widened_in_integer_ops_at_real_sizes(tile, seq_lens):
+    """The device's fp8 pair-kernel entries with `int_widen`, at real sizes."""
+    import dataclasses
+
+    from vllm_blackwell_ext.kernels.device import device_info
+
+    cfg = MLA_DECODE_CONFIGS[device_info("cuda").device_class]["fp8"][tile]
+    case = _make_case(
+        device="cuda", kv_lora_rank=512, num_heads=tile, seq_lens=seq_lens, query_len=1,
+        block_size=64, fp8=True, seed=tile,
+    )  # fmt: skip
+    _assert_close(*_run(case, None, config=dataclasses.replace(cfg, int_widen=True)))
 
 
 @gpu_only

@@ -44,7 +44,14 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from vllm_blackwell_ext.kernels import mla_decode_gluon
 from vllm_blackwell_ext.kernels.checks import check_index, fail
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
-from vllm_blackwell_ext.kernels.fp8_pairs import PAIRS_E4M3, PAIRS_E4M3_ASM, widen_fp8_pairs
+from vllm_blackwell_ext.kernels.fp8_pairs import (
+    PAIRS_E4M3,
+    PAIRS_E4M3_ASM,
+    PAIRS_E4M3_SCALED,
+    PAIRS_E4M3_SCALED_ASM,
+    PAIRS_SCALED_FACTOR,
+    widen_fp8_pairs,
+)
 from vllm_blackwell_ext.kernels.host_ints import cdiv
 from vllm_blackwell_ext.kernels.launch_cache import DEFAULT_NUM_STAGES, CachedLauncher
 from vllm_blackwell_ext.kernels.mla_decode_configs import MlaDecodeConfig, get_mla_decode_config
@@ -296,6 +303,17 @@ def _widen(pairs, SELECT: tl.constexpr, DOT_DTYPE: tl.constexpr):
 
 
 @triton.jit
+def _widen_values(pairs, SELECT: tl.constexpr, DOT_DTYPE: tl.constexpr, INT_WIDEN: tl.constexpr):
+    """`_widen` for the P @ V operand; with INT_WIDEN in integer ops, off the conversion pipe
+    the scores' operand takes, as the values times 1 / PAIRS_SCALED_FACTOR."""
+    if not INT_WIDEN:
+        return _widen(pairs, SELECT, DOT_DTYPE)
+    if DOT_DTYPE == tl.float16:
+        return widen_fp8_pairs(pairs, SELECT, PAIRS_E4M3_SCALED_ASM)
+    return widen_fp8_pairs(pairs, SELECT, PAIRS_E4M3_SCALED).to(DOT_DTYPE)
+
+
+@triton.jit
 def _scaled_q(ptrs, mask, q_mul, DOT_DTYPE: tl.constexpr):
     return (tl.load(ptrs, mask=mask, other=0.0).to(tl.float32) * q_mul).to(DOT_DTYPE)
 
@@ -341,6 +359,7 @@ def _mla_decode_split_fp8_kernel(
     SINGLE_SPLIT: tl.constexpr,
     HAS_LSE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # fp16 on GPUs; fp32 under the interpreter
+    INT_WIDEN: tl.constexpr,  # MlaDecodeConfig.int_widen
 ):
     """Split kernel of an fp8 e4m3 cache: the arguments of `_mla_decode_split_kernel`.
 
@@ -426,19 +445,22 @@ def _mla_decode_split_fp8_kernel(
         s = tl.dot(qro_, tl.trans(_widen(xr, 1, DOT_DTYPE)), s)
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, offs_n, n_ok, limit)
         pd = p.to(DOT_DTYPE)
-        acc0e = tl.dot(pd, _widen(x0, 0, DOT_DTYPE), acc0e * alpha[:, None])
-        acc0o = tl.dot(pd, _widen(x0, 1, DOT_DTYPE), acc0o * alpha[:, None])
-        acc1e = tl.dot(pd, _widen(x1, 0, DOT_DTYPE), acc1e * alpha[:, None])
-        acc1o = tl.dot(pd, _widen(x1, 1, DOT_DTYPE), acc1o * alpha[:, None])
-        acc2e = tl.dot(pd, _widen(x2, 0, DOT_DTYPE), acc2e * alpha[:, None])
-        acc2o = tl.dot(pd, _widen(x2, 1, DOT_DTYPE), acc2o * alpha[:, None])
-        acc3e = tl.dot(pd, _widen(x3, 0, DOT_DTYPE), acc3e * alpha[:, None])
-        acc3o = tl.dot(pd, _widen(x3, 1, DOT_DTYPE), acc3o * alpha[:, None])
+        acc0e = tl.dot(pd, _widen_values(x0, 0, DOT_DTYPE, INT_WIDEN), acc0e * alpha[:, None])
+        acc0o = tl.dot(pd, _widen_values(x0, 1, DOT_DTYPE, INT_WIDEN), acc0o * alpha[:, None])
+        acc1e = tl.dot(pd, _widen_values(x1, 0, DOT_DTYPE, INT_WIDEN), acc1e * alpha[:, None])
+        acc1o = tl.dot(pd, _widen_values(x1, 1, DOT_DTYPE, INT_WIDEN), acc1o * alpha[:, None])
+        acc2e = tl.dot(pd, _widen_values(x2, 0, DOT_DTYPE, INT_WIDEN), acc2e * alpha[:, None])
+        acc2o = tl.dot(pd, _widen_values(x2, 1, DOT_DTYPE, INT_WIDEN), acc2o * alpha[:, None])
+        acc3e = tl.dot(pd, _widen_values(x3, 0, DOT_DTYPE, INT_WIDEN), acc3e * alpha[:, None])
+        acc3o = tl.dot(pd, _widen_values(x3, 1, DOT_DTYPE, INT_WIDEN), acc3o * alpha[:, None])
 
+    out_scale = k_scale
+    if INT_WIDEN:  # the values were widened times 1 / PAIRS_SCALED_FACTOR
+        out_scale = k_scale * PAIRS_SCALED_FACTOR
     dst, row_off, inv_l = _finish_rows(
-        m_i, l_i, k_scale, split, row_ok, head, tok, O_PART, L_PART, OUT, LSE,
+        m_i, l_i, out_scale, split, row_ok, head, tok, O_PART, L_PART, OUT, LSE,
         stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, stride_ot, stride_oh,
-        stride_lse_t, HAS_SCALE, SINGLE_SPLIT, HAS_LSE,
+        stride_lse_t, HAS_SCALE or INT_WIDEN, SINGLE_SPLIT, HAS_LSE,
     )  # fmt: skip
     even = 2 * offs_h
     _store_rows(dst, row_off, even, acc0e * inv_l[:, None], row_ok)
@@ -982,7 +1004,9 @@ def mla_decode(
         )  # fmt: skip
         options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         if kv_cache.dtype == torch.float8_e4m3fn and not cfg.tma:
-            handle = _SPLIT_FP8_LAUNCHER.launch(grid, (*tensors, *scalars), **options)
+            handle = _SPLIT_FP8_LAUNCHER.launch(
+                grid, (*tensors, *scalars, cfg.int_widen), **options
+            )
         else:
             if not cfg.tma:
                 descs = (None, None)

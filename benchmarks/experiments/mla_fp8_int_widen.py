@@ -1,0 +1,67 @@
+"""fp8 MLA decode of 16- and 32-row tiles with the P @ V operand widened in integer ops.
+
+The fp8 pair kernel (`_mla_decode_split_fp8_kernel`) widens each e4m3 column pair twice, for
+the score dot and for P @ V, with `cvt.rn.f16x2.e4m3x2`: offline sm90 SASS of the 16-row
+entry holds 174 `F2FP` per thread, all on the conversion pipe, while at the H200's copy rate
+each SM must widen ~16 bytes per clock (twice). `int_widen` entries widen the P @ V operand
+with a byte permute and three logic / shift ops instead (`fp8_pairs`' scaled mode: 110 `F2FP`
+left, 187 registers instead of 217). This times the table's entries and the same entries
+with `int_widen`, on the same values and split plans, as CUDA-graph replays, beside the copy
+roofline of the same run.
+
+    python benchmarks/experiments/mla_fp8_int_widen.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "src")]
+
+import torch
+import triton
+
+from benchmarks import bench_mla_decode as bench
+from benchmarks.harness import copy_roofline_gbps
+
+CASES = (
+    bench.Case("h16 fp8 B=1 ctx=128k", 16, 1, 131072, True),
+    bench.Case("h16 fp8 B=8 ctx=32k", 16, 8, 32768, True),
+    bench.Case("h16 fp8 B=64 ctx=32k", 16, 64, 32768, True),
+    bench.Case("h16 fp8 B=64 ctx=128k", 16, 64, 131072, True),
+    bench.Case("h16 fp8 B=256 ctx=4k", 16, 256, 4096, True),
+    bench.Case("h32 fp8 B=64 ctx=32k", 32, 64, 32768, True),
+)
+
+
+def main() -> None:
+    gpu = torch.cuda.get_device_name()
+    copy = copy_roofline_gbps("cuda")
+    print(f"# torch {torch.__version__}, triton {triton.__version__}, {gpu}; copy {copy:.0f} GB/s")
+    caches = bench.Caches("cuda")
+    for c in CASES:
+        torch.manual_seed(0)
+        x = bench.make_inputs(c, caches)
+        shipped = bench.ours_fn(c, x)
+        outs = {}
+        int_widen = dataclasses.replace(shipped.cfg, int_widen=True)
+        for label, cfg in (("table", shipped.cfg), ("int_widen", int_widen)):
+            handles: list = []
+            fn = bench.ours_fn(c, x, config=cfg, compiled=handles)
+            us = bench.graph_us(fn)
+            outs[label] = fn.out.float().clone()
+            gbps = bench.figure(c, us)
+            print(f"{c.name}: {label} ({getattr(handles[0], 'n_regs', '?')} registers, "
+                  f"splits={fn.splits}): {us:.1f} us {gbps:.1f} GB/s ({gbps / copy:.3f} of copy)",
+                  flush=True)  # fmt: skip
+        diff = (outs["int_widen"] - outs["table"]).abs().max().item()
+        print(f"{c.name}: max |int_widen - table| {diff:.2e}", flush=True)
+        del x
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
