@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +57,7 @@ from vllm_blackwell_ext.kernels.mla_decode import (
     mla_decode_flops,
     plan_mla_decode,
 )
+from vllm_blackwell_ext.kernels.mla_decode_configs import MlaDecodeConfig
 
 R, P, PAGE = 512, 64, 64
 W = R + P
@@ -266,6 +268,37 @@ def figure(c: Case, us: float) -> float:
     if c.metric == "TFLOP/s":
         return mla_decode_flops(c.batch * c.q_len, c.heads, c.ctx, R) / (us * 1e-6) / 1e12
     return kv_bytes(c) / (us * 1e-6) / 1e9
+
+
+def compare_configs(
+    cases: Sequence[Case],
+    variants: Callable[[MlaDecodeConfig], dict[str, MlaDecodeConfig]],
+    copy_gbps: float | None = None,
+) -> None:
+    """Print each case timed with each config of `variants(the shipped config)` on the same
+    values and split plan (CUDA-graph replays): kernel, registers, time and figure (and the
+    fraction of `copy_gbps` for GB/s rows), then each config's largest output gap to the first's."""
+    caches = Caches("cuda")
+    for c in cases:
+        torch.manual_seed(0)
+        x = make_inputs(c, caches)
+        outs = {}
+        for label, cfg in variants(ours_fn(c, x).cfg).items():
+            handles: list = []
+            fn = ours_fn(c, x, config=cfg, compiled=handles)
+            us = graph_us(fn)
+            outs[label] = fn.out.float().clone()
+            value = figure(c, us)
+            roof = f" ({value / copy_gbps:.3f} of copy)" if copy_gbps and c.metric == "GB/s" else ""
+            print(f"{c.name}: {label} ({handles[0].name}, {getattr(handles[0], 'n_regs', '?')} "
+                  f"registers, splits={fn.splits}): {us:.1f} us {value:.1f} {c.metric}{roof}",
+                  flush=True)  # fmt: skip
+        first, *others = outs
+        for label in others:
+            gap = (outs[label] - outs[first]).abs().max().item()
+            print(f"{c.name}: max |{label} - {first}| {gap:.2e}", flush=True)
+        del x
+        torch.cuda.empty_cache()
 
 
 def matmul_tflops(device: str = "cuda", n: int = 8192) -> float:

@@ -37,24 +37,7 @@ def main() -> None:
     gpu = torch.cuda.get_device_name()
     matmul = bench.matmul_tflops()
     print(f"# torch {torch.__version__}, triton {triton.__version__}, {gpu}; matmul {matmul:.0f}")
-    caches = bench.Caches("cuda")
-    for c in CASES:
-        torch.manual_seed(0)
-        x = bench.make_inputs(c, caches)
-        shipped = bench.ours_fn(c, x)
-        outs = {}
-        for label, cfg in (("gluon", shipped.cfg), ("triton", replace(shipped.cfg, gluon=False))):
-            handles: list = []
-            fn = bench.ours_fn(c, x, config=cfg, compiled=handles)
-            us = bench.graph_us(fn)
-            outs[label] = fn.out.float().clone()
-            print(f"{c.name}: {label} ({handles[0].name}, {getattr(handles[0], 'n_regs', '?')} "
-                  f"registers, splits={fn.splits}): {us:.1f} us "
-                  f"{bench.figure(c, us):.1f} {c.metric}", flush=True)  # fmt: skip
-        diff = (outs["gluon"] - outs["triton"]).abs().max().item()
-        print(f"{c.name}: max |gluon - triton| {diff:.2e}", flush=True)
-        del x
-        torch.cuda.empty_cache()
+    bench.compare_configs(CASES, lambda cfg: {"gluon": cfg, "triton": replace(cfg, gluon=False)})
 
 
 if __name__ == "__main__":

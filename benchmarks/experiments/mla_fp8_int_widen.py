@@ -26,6 +26,7 @@ import triton
 
 from benchmarks import bench_mla_decode as bench
 from benchmarks.harness import copy_roofline_gbps
+from vllm_blackwell_ext.kernels.mla_decode_configs import MlaDecodeConfig
 
 CASES = (
     bench.Case("h16 fp8 B=1 ctx=128k", 16, 1, 131072, True),
@@ -37,30 +38,15 @@ CASES = (
 )
 
 
+def _both_ways(cfg: MlaDecodeConfig) -> dict[str, MlaDecodeConfig]:
+    return {"table": cfg, "int_widen": dataclasses.replace(cfg, int_widen=True)}
+
+
 def main() -> None:
     gpu = torch.cuda.get_device_name()
     copy = copy_roofline_gbps("cuda")
     print(f"# torch {torch.__version__}, triton {triton.__version__}, {gpu}; copy {copy:.0f} GB/s")
-    caches = bench.Caches("cuda")
-    for c in CASES:
-        torch.manual_seed(0)
-        x = bench.make_inputs(c, caches)
-        shipped = bench.ours_fn(c, x)
-        outs = {}
-        int_widen = dataclasses.replace(shipped.cfg, int_widen=True)
-        for label, cfg in (("table", shipped.cfg), ("int_widen", int_widen)):
-            handles: list = []
-            fn = bench.ours_fn(c, x, config=cfg, compiled=handles)
-            us = bench.graph_us(fn)
-            outs[label] = fn.out.float().clone()
-            gbps = bench.figure(c, us)
-            print(f"{c.name}: {label} ({getattr(handles[0], 'n_regs', '?')} registers, "
-                  f"splits={fn.splits}): {us:.1f} us {gbps:.1f} GB/s ({gbps / copy:.3f} of copy)",
-                  flush=True)  # fmt: skip
-        diff = (outs["int_widen"] - outs["table"]).abs().max().item()
-        print(f"{c.name}: max |int_widen - table| {diff:.2e}", flush=True)
-        del x
-        torch.cuda.empty_cache()
+    bench.compare_configs(CASES, _both_ways, copy)
 
 
 if __name__ == "__main__":
