@@ -116,9 +116,9 @@ if GLUON_AVAILABLE:
         each byte moves to the high byte of a 16-bit lane, its sign stays at bit 15 and its 7
         magnitude bits shift right by 4 into the bf16's exponent and mantissa fields, which is
         the value times 2^-120 for normal and subnormal e4m3 values alike; times 2^120 then
-        restores it. (Triton's own conversion takes e4m3 -> fp16 -> bf16, one conversion
-        instruction per value on a quarter-rate pipe, which held the tensor cores idle longer
-        than the dots.) e4m3's NaN bytes come out as +-480, not NaN."""
+        restores it. (Triton's own conversion takes e4m3 -> fp16 -> bf16: a convert per two
+        values and another per value, all on the conversion pipe, narrower than the integer
+        ones, while the tensor cores wait.) e4m3's NaN bytes come out as +-480, not NaN."""
         return gl.inline_asm_elementwise(
             """{ .reg .b32 a, b, t, m;
             mov.b32 m, 0x7B807B80;
