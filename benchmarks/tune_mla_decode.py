@@ -35,6 +35,8 @@ import triton
 from benchmarks.offline_compile import CLASS_CAPABILITY, OfflineCompile
 from vllm_blackwell_ext.kernels.device import MIN_FP8_CAPABILITY, SMEM_LIMIT_BY_CAPABILITY
 from vllm_blackwell_ext.kernels.mla_decode_configs import (
+    INT_WIDEN_BOTH,
+    INT_WIDEN_VALUES,
     MLA_DECODE_CONFIGS,
     MLA_DECODE_FEW_PROGRAM_CONFIGS,
     MLA_DECODE_TMA_CONFIGS,
@@ -72,8 +74,12 @@ def candidates(tag: str, tile: int, full: bool = False) -> list[MlaDecodeConfig]
                         if bm * R // (warps * 32) > 160:  # fp32 accumulators alone: spills
                             continue
                         cfgs.append(MlaDecodeConfig(bm, bn, warps, stages))
-    if tag == "fp8":  # P @ V's operand widened by the convert, or in integer ops
-        cfgs += [dataclasses.replace(c, int_widen=True) for c in cfgs]
+    if tag == "fp8":  # operands widened by the convert, or in integer ops (one or both)
+        cfgs += [
+            dataclasses.replace(c, int_widen=level)
+            for level in (INT_WIDEN_VALUES, INT_WIDEN_BOTH)
+            for c in cfgs
+        ]
     return cfgs
 
 
@@ -204,7 +210,7 @@ def _format_entry(device_class: str, entry: dict[str, dict[int, MlaDecodeConfig]
     for tag, by_tile in entry.items():
         lines.append(f'        "{tag}": {{')
         for t, c in by_tile.items():
-            int_widen = ", int_widen=True" if c.int_widen else ""
+            int_widen = f", int_widen={c.int_widen}" if c.int_widen else ""
             lines.append(
                 f"            {t}: C({c.block_m}, {c.block_n}, {c.num_warps}, {c.num_stages}, "
                 f"{c.ctas_per_sm}, {c.min_split_keys}{int_widen}),"

@@ -42,6 +42,8 @@ from vllm_blackwell_ext.kernels.mla_decode import (
 )
 from vllm_blackwell_ext.kernels.mla_decode_configs import (
     FEW_PROGRAMS,
+    INT_WIDEN_BOTH,
+    INT_WIDEN_VALUES,
     MLA_DECODE_CONFIGS,
     MLA_DECODE_FEW_PROGRAM_CONFIGS,
     MLA_DECODE_TMA_CONFIGS,
@@ -289,24 +291,29 @@ def test_tma_tiles_match_reference_with_stale_page_tails(
     query_len=st.integers(1, 3),
     block_n=st.sampled_from([16, 32]),
     num_splits=st.sampled_from([1, 3]),
+    int_widen=st.sampled_from([INT_WIDEN_VALUES, INT_WIDEN_BOTH]),
     seed=st.integers(0, 2**16),
 )
 @example(
     kv_lora_rank=512, num_heads=16, seq_lens=[70, 33], query_len=3, block_n=32, num_splits=3,
-    seed=5,
+    int_widen=INT_WIDEN_VALUES, seed=5,
+)
+@example(
+    kv_lora_rank=512, num_heads=16, seq_lens=[70, 33], query_len=3, block_n=32, num_splits=3,
+    int_widen=INT_WIDEN_BOTH, seed=5,
 )  # fmt: skip
 def test_fp8_values_widened_in_integer_ops_match_reference(
-    device, kv_lora_rank, num_heads, seq_lens, query_len, block_n, num_splits, seed
+    device, kv_lora_rank, num_heads, seq_lens, query_len, block_n, num_splits, int_widen, seed
 ):
-    """`int_widen` entries: an fp8 cache's P @ V operand widened in integer ops (the values
-    times 2^-8, restored in the output's scale), with stale page tails at e4m3's largest
-    value."""
+    """`int_widen` entries: an fp8 cache's P @ V operand, or both operands, widened in integer
+    ops (the values times 2^-8, restored in the output's scale and the scores), with stale page
+    tails at e4m3's largest value."""
     case = _make_case(
         device=device, kv_lora_rank=kv_lora_rank, num_heads=num_heads, seq_lens=seq_lens,
         query_len=query_len, block_size=16, fp8=True, seed=seed,
     )  # fmt: skip
     _fill_page_tails(case, 448.0)
-    cfg = MlaDecodeConfig(16, block_n, 4, 2, 1, 128, int_widen=True)
+    cfg = MlaDecodeConfig(16, block_n, 4, 2, 1, 128, int_widen=int_widen)
     _assert_close(*_run(case, num_splits, config=cfg))
 
 
@@ -704,10 +711,11 @@ def test_real_sizes_match_reference(
 
 @gpu_only
 @pytest.mark.gpu
+@pytest.mark.parametrize("int_widen", [INT_WIDEN_VALUES, INT_WIDEN_BOTH])
 @pytest.mark.parametrize("tile", [16, 32])
 @pytest.mark.parametrize("seq_lens", [[4097, 1, 777, 0], [20000]], ids=["ragged", "long"])
-def test_fp8_values_widened_in_integer_ops_at_real_sizes(tile, seq_lens):
-    """The device's fp8 pair-kernel entries with `int_widen`, at real sizes."""
+def test_fp8_values_widened_in_integer_ops_at_real_sizes(tile, seq_lens, int_widen):
+    """The device's fp8 pair-kernel entries with each `int_widen` level, at real sizes."""
     import dataclasses
 
     from vllm_blackwell_ext.kernels.device import device_info
@@ -717,7 +725,7 @@ def test_fp8_values_widened_in_integer_ops_at_real_sizes(tile, seq_lens):
         device="cuda", kv_lora_rank=512, num_heads=tile, seq_lens=seq_lens, query_len=1,
         block_size=64, fp8=True, seed=tile,
     )  # fmt: skip
-    _assert_close(*_run(case, None, config=dataclasses.replace(cfg, int_widen=True)))
+    _assert_close(*_run(case, None, config=dataclasses.replace(cfg, int_widen=int_widen)))
 
 
 @gpu_only

@@ -303,10 +303,10 @@ def _widen(pairs, SELECT: tl.constexpr, DOT_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _widen_values(pairs, SELECT: tl.constexpr, DOT_DTYPE: tl.constexpr, INT_WIDEN: tl.constexpr):
-    """`_widen` for the P @ V operand; with INT_WIDEN in integer ops, off the conversion pipe
-    the scores' operand takes, as the values times 1 / PAIRS_SCALED_FACTOR."""
-    if not INT_WIDEN:
+def _widen_scaled(pairs, SELECT: tl.constexpr, DOT_DTYPE: tl.constexpr, IN_INT_OPS: tl.constexpr):
+    """`_widen`, or with IN_INT_OPS in integer ops (off the conversion pipe) as the values
+    times 1 / PAIRS_SCALED_FACTOR."""
+    if not IN_INT_OPS:
         return _widen(pairs, SELECT, DOT_DTYPE)
     if DOT_DTYPE == tl.float16:
         return widen_fp8_pairs(pairs, SELECT, PAIRS_E4M3_SCALED_ASM)
@@ -359,7 +359,7 @@ def _mla_decode_split_fp8_kernel(
     SINGLE_SPLIT: tl.constexpr,
     HAS_LSE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # fp16 on GPUs; fp32 under the interpreter
-    INT_WIDEN: tl.constexpr,  # MlaDecodeConfig.int_widen
+    INT_WIDEN: tl.constexpr,  # MlaDecodeConfig.int_widen: 0, 1 (P @ V operand) or 2 (both)
 ):
     """Split kernel of an fp8 e4m3 cache: the arguments of `_mla_decode_split_kernel`.
 
@@ -373,6 +373,8 @@ def _mla_decode_split_fp8_kernel(
     """
     HC: tl.constexpr = R // 8  # pairs per column chunk (chunks as in the 16-bit kernel)
     HP: tl.constexpr = P // 2
+    VALUES_INT: tl.constexpr = INT_WIDEN >= 1
+    KEYS_INT: tl.constexpr = INT_WIDEN >= 2
     b, split, seq_len, row_ok, head, tok, limit, start, end = _split_program(
         SEQ, num_heads, query_len, num_splits, num_row_groups, BLOCK_M, BLOCK_N, CAUSAL
     )
@@ -433,34 +435,36 @@ def _mla_decode_split_fp8_kernel(
         x3 = tl.load(xp + 3 * HC + offs_h[None, :], mask=km, other=0)
         xr = tl.load(xp + 4 * HC + offs_hp[None, :], mask=km, other=0)
 
-        s = tl.dot(q0e, tl.trans(_widen(x0, 0, DOT_DTYPE)))
-        s = tl.dot(q0o, tl.trans(_widen(x0, 1, DOT_DTYPE)), s)
-        s = tl.dot(q1e, tl.trans(_widen(x1, 0, DOT_DTYPE)), s)
-        s = tl.dot(q1o, tl.trans(_widen(x1, 1, DOT_DTYPE)), s)
-        s = tl.dot(q2e, tl.trans(_widen(x2, 0, DOT_DTYPE)), s)
-        s = tl.dot(q2o, tl.trans(_widen(x2, 1, DOT_DTYPE)), s)
-        s = tl.dot(q3e, tl.trans(_widen(x3, 0, DOT_DTYPE)), s)
-        s = tl.dot(q3o, tl.trans(_widen(x3, 1, DOT_DTYPE)), s)
-        s = tl.dot(qre_, tl.trans(_widen(xr, 0, DOT_DTYPE)), s)
-        s = tl.dot(qro_, tl.trans(_widen(xr, 1, DOT_DTYPE)), s)
+        s = tl.dot(q0e, tl.trans(_widen_scaled(x0, 0, DOT_DTYPE, KEYS_INT)))
+        s = tl.dot(q0o, tl.trans(_widen_scaled(x0, 1, DOT_DTYPE, KEYS_INT)), s)
+        s = tl.dot(q1e, tl.trans(_widen_scaled(x1, 0, DOT_DTYPE, KEYS_INT)), s)
+        s = tl.dot(q1o, tl.trans(_widen_scaled(x1, 1, DOT_DTYPE, KEYS_INT)), s)
+        s = tl.dot(q2e, tl.trans(_widen_scaled(x2, 0, DOT_DTYPE, KEYS_INT)), s)
+        s = tl.dot(q2o, tl.trans(_widen_scaled(x2, 1, DOT_DTYPE, KEYS_INT)), s)
+        s = tl.dot(q3e, tl.trans(_widen_scaled(x3, 0, DOT_DTYPE, KEYS_INT)), s)
+        s = tl.dot(q3o, tl.trans(_widen_scaled(x3, 1, DOT_DTYPE, KEYS_INT)), s)
+        s = tl.dot(qre_, tl.trans(_widen_scaled(xr, 0, DOT_DTYPE, KEYS_INT)), s)
+        s = tl.dot(qro_, tl.trans(_widen_scaled(xr, 1, DOT_DTYPE, KEYS_INT)), s)
+        if KEYS_INT:  # exact: a power of two on fp32 scores
+            s = s * PAIRS_SCALED_FACTOR
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, offs_n, n_ok, limit)
         pd = p.to(DOT_DTYPE)
-        acc0e = tl.dot(pd, _widen_values(x0, 0, DOT_DTYPE, INT_WIDEN), acc0e * alpha[:, None])
-        acc0o = tl.dot(pd, _widen_values(x0, 1, DOT_DTYPE, INT_WIDEN), acc0o * alpha[:, None])
-        acc1e = tl.dot(pd, _widen_values(x1, 0, DOT_DTYPE, INT_WIDEN), acc1e * alpha[:, None])
-        acc1o = tl.dot(pd, _widen_values(x1, 1, DOT_DTYPE, INT_WIDEN), acc1o * alpha[:, None])
-        acc2e = tl.dot(pd, _widen_values(x2, 0, DOT_DTYPE, INT_WIDEN), acc2e * alpha[:, None])
-        acc2o = tl.dot(pd, _widen_values(x2, 1, DOT_DTYPE, INT_WIDEN), acc2o * alpha[:, None])
-        acc3e = tl.dot(pd, _widen_values(x3, 0, DOT_DTYPE, INT_WIDEN), acc3e * alpha[:, None])
-        acc3o = tl.dot(pd, _widen_values(x3, 1, DOT_DTYPE, INT_WIDEN), acc3o * alpha[:, None])
+        acc0e = tl.dot(pd, _widen_scaled(x0, 0, DOT_DTYPE, VALUES_INT), acc0e * alpha[:, None])
+        acc0o = tl.dot(pd, _widen_scaled(x0, 1, DOT_DTYPE, VALUES_INT), acc0o * alpha[:, None])
+        acc1e = tl.dot(pd, _widen_scaled(x1, 0, DOT_DTYPE, VALUES_INT), acc1e * alpha[:, None])
+        acc1o = tl.dot(pd, _widen_scaled(x1, 1, DOT_DTYPE, VALUES_INT), acc1o * alpha[:, None])
+        acc2e = tl.dot(pd, _widen_scaled(x2, 0, DOT_DTYPE, VALUES_INT), acc2e * alpha[:, None])
+        acc2o = tl.dot(pd, _widen_scaled(x2, 1, DOT_DTYPE, VALUES_INT), acc2o * alpha[:, None])
+        acc3e = tl.dot(pd, _widen_scaled(x3, 0, DOT_DTYPE, VALUES_INT), acc3e * alpha[:, None])
+        acc3o = tl.dot(pd, _widen_scaled(x3, 1, DOT_DTYPE, VALUES_INT), acc3o * alpha[:, None])
 
     out_scale = k_scale
-    if INT_WIDEN:  # the values were widened times 1 / PAIRS_SCALED_FACTOR
+    if VALUES_INT:  # the values were widened times 1 / PAIRS_SCALED_FACTOR
         out_scale = k_scale * PAIRS_SCALED_FACTOR
     dst, row_off, inv_l = _finish_rows(
         m_i, l_i, out_scale, split, row_ok, head, tok, O_PART, L_PART, OUT, LSE,
         stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, stride_ot, stride_oh,
-        stride_lse_t, HAS_SCALE or INT_WIDEN, SINGLE_SPLIT, HAS_LSE,
+        stride_lse_t, HAS_SCALE or VALUES_INT, SINGLE_SPLIT, HAS_LSE,
     )  # fmt: skip
     even = 2 * offs_h
     _store_rows(dst, row_off, even, acc0e * inv_l[:, None], row_ok)

@@ -36,10 +36,16 @@ class MlaDecodeConfig:
     # bf16 or fp8 cache under a bf16 query, latent 512) where it can (`gluon_decode_supported`);
     # the Triton kernel of the same config otherwise.
     gluon: bool = False
-    # fp8 caches read as column pairs (`_mla_decode_split_fp8_kernel`, not `tma`): widen the
-    # P @ V operand in integer ops (`fp8_pairs`' scaled mode) rather than with the convert
-    # instruction the score operand uses, sharing the widening between two pipes.
-    int_widen: bool = False
+    # fp8 caches read as column pairs (`_mla_decode_split_fp8_kernel`, not `tma`): how many
+    # of the two tensor-core operands are widened in integer ops (`fp8_pairs`' scaled mode)
+    # rather than with the convert instruction: 0 neither, INT_WIDEN_VALUES the P @ V operand
+    # (the widening shared between the conversion and integer pipes), INT_WIDEN_BOTH the
+    # score operand too (no convert left).
+    int_widen: int = 0
+
+
+INT_WIDEN_VALUES = 1
+INT_WIDEN_BOTH = 2
 
 
 C = MlaDecodeConfig
