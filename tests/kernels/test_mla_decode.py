@@ -295,15 +295,9 @@ def test_tma_tiles_match_reference_with_stale_page_tails(
     seed=st.integers(0, 2**16),
 )
 @example(
-    kv_lora_rank=512,
-    num_heads=16,
-    seq_lens=[70, 33],
-    query_len=3,
-    block_n=32,
-    num_splits=3,
-    int_widen=INT_WIDEN_VALUES,
-    seed=5,
-)
+    kv_lora_rank=512, num_heads=16, seq_lens=[70, 33], query_len=3, block_n=32, num_splits=3,
+    int_widen=INT_WIDEN_VALUES, seed=5,
+)  # fmt: skip
 @example(
     kv_lora_rank=512, num_heads=16, seq_lens=[70, 33], query_len=3, block_n=32, num_splits=3,
     int_widen=INT_WIDEN_BOTH, seed=5,
