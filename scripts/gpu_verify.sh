@@ -29,14 +29,15 @@
 #               pair-kernel entries with `int_widen`) and mla_fp8_gluon.py (fp8 64-row tiles,
 #               Gluon against Triton) (mla-fp8.txt)
 #   ncu         benchmarks/profile_ncu.py under Nsight Compute: speed of light, occupancy, pipe
-#               use and stall reasons of each row short of its goal (ncu-missed-goals.txt)
+#               use and stall reasons of each row short of its goal (ncu-missed-goals.txt);
+#               BWX_NCU_ARGS passes it arguments (say --family mla)
 #
 #   scripts/gpu_verify.sh OUT_DIR tests attention mla gather paged mla-decode
 #
 # OUT_DIR gets the pytest logs, the engine tests' summary.md and the benchmark results; each
 # engine's figures are written as soon as it finishes, so a run cut short keeps those.
 set -uo pipefail
-[[ $# -ge 2 ]] || { sed -n '2,37p' "$0"; exit 2; }
+[[ $# -ge 2 ]] || { sed -n '2,38p' "$0"; exit 2; }
 out=$1
 shift
 mkdir -p "$out"
@@ -126,7 +127,8 @@ for step in "$@"; do
       done
       ncu --profile-from-start off --clock-control none --section SpeedOfLight \
         --section Occupancy --section LaunchStats --metrics "$metrics" \
-        python benchmarks/profile_ncu.py > "$out/ncu-missed-goals.txt" 2>&1 || status=1
+        python benchmarks/profile_ncu.py ${BWX_NCU_ARGS:-} > "$out/ncu-missed-goals.txt" 2>&1 ||
+        status=1
       grep -E "^== |Duration|Registers Per|DRAM Throughput  " "$out/ncu-missed-goals.txt" | head -60
       ;;
     *)
