@@ -3,6 +3,7 @@
 # `run`) so the kit's torch and vLLM are used. Steps, in the order given:
 #
 #   tests       kernel and op tests at real sizes, beside the GPU engine tests (tests/gpu_e2e)
+#   kernels     the kernel and op tests alone
 #   attention   benchmarks/bench_engine.py: BWX_ATTN against vLLM's attention backends
 #   mla         benchmarks/bench_engine.py --family mla: BWX_MLA against vLLM's MLA backends
 #   gather      benchmarks/bench_kv_gather.py: the paged-KV gather against vLLM's CUDA gather
@@ -34,14 +35,26 @@
 #
 #   scripts/gpu_verify.sh OUT_DIR tests attention mla gather paged mla-decode
 #
+# The steps that need no vLLM (kernels, mla-fp8, mla-gluon, mla-tma, ncu) also run on the
+# device image's own torch and Triton, without the kit (a short lease: no pieces to carry):
+#
+#   PYTHONPATH=src:. scripts/gpu_verify.sh OUT_DIR mla-fp8 kernels
+#
 # OUT_DIR gets the pytest logs, the engine tests' summary.md and the benchmark results; each
 # engine's figures are written as soon as it finishes, so a run cut short keeps those.
 set -uo pipefail
-[[ $# -ge 2 ]] || { sed -n '2,38p' "$0"; exit 2; }
+[[ $# -ge 2 ]] || { sed -n '2,44p' "$0"; exit 2; }
 out=$1
 shift
 mkdir -p "$out"
 status=0
+# One pytest per kernel and op test file, three at a time: most of their time is Triton
+# compiling (CPU-bound), which the GPU machine's cores share out; three keep the GPU memory of
+# their largest cases well apart from the engines' that may run beside them.
+kernel_tests() {
+  ls tests/kernels/test_*.py tests/ops/test_*.py | OUT="$out" xargs -P 3 -I {} \
+    sh -c 'python -m pytest -q "$1" > "$OUT/kernel-tests-$(basename "$1" .py).log" 2>&1' _ {}
+}
 # The host's CPU (model, AMX / AVX-512 flags): GPU machines are the one place an Intel AMX host
 # may come, which the CPU test path has to meet too.
 python -c 'from vllm_blackwell_ext.host_cpu import cpu_summary_line as h; print("[gpu_verify] host CPU:", h())' ||
@@ -50,17 +63,17 @@ for step in "$@"; do
   echo "[gpu_verify] $step starts at $(date +%T)"
   case $step in
     tests)
-      # One pytest per kernel test file, three at a time beside the engines: most of their
-      # time is Triton compiling (CPU-bound), which the GPU machine's cores share out; three
-      # keep the GPU memory of their largest cases well apart from the engines'.
-      ls tests/kernels/test_*.py tests/ops/test_*.py | OUT="$out" xargs -P 3 -I {} \
-        sh -c 'python -m pytest -q "$1" > "$OUT/kernel-tests-$(basename "$1" .py).log" 2>&1' _ {} &
+      kernel_tests &
       kernels=$!
       BWX_GPU_E2E_DIR=${BWX_GPU_E2E_DIR:-/tmp/bwx-gpu-e2e} BWX_GPU_E2E_JOBS=${BWX_GPU_E2E_JOBS:-6} \
         python -m pytest -q tests/gpu_e2e > "$out/gpu-e2e.log" 2>&1 || status=1
       wait "$kernels" || status=1
       cp "${BWX_GPU_E2E_DIR:-/tmp/bwx-gpu-e2e}/summary.md" "$out/gpu-e2e-summary.md" 2>/dev/null
       tail -n 1 "$out"/kernel-tests-*.log "$out/gpu-e2e.log"
+      ;;
+    kernels)
+      kernel_tests || status=1
+      tail -n 1 "$out"/kernel-tests-*.log
       ;;
     attention | mla)
       python benchmarks/bench_engine.py --family "$step" --out-dir "$out/bench" \
