@@ -455,11 +455,10 @@ def main(argv: list[str] | None = None) -> int:
             stats += f" eager={eager:.1f}us one-split={one:.1f}us"
         roof = {"GB/s": roof_gbps, "TFLOP/s": roof_tflops}.get(c.metric)
         rows.append(Row(c.name, c.metric, ours, peers, roof))
-        print(
-            f"{c.name}: ours {ours:.1f} {c.metric} peer {peers.get(PEER, float('nan')):.1f} "
-            f"[{stats}]",
-            flush=True,
-        )
+        # Every figure of the row as it comes, so a run cut short still reports the rows done.
+        beside = " ".join(f"{name} {value:.1f}" for name, value in peers.items())
+        of_roof = f" ({ours / roof:.3f} of the roofline)" if roof else ""
+        print(f"{c.name}: ours {ours:.1f} {c.metric}{of_roof} {beside} [{stats}]", flush=True)
         notes.append(f"{c.name}: {stats}")
         del x
     command = "python benchmarks/bench_mla_decode.py " + " ".join(argv or [])
