@@ -34,7 +34,8 @@ descriptors go to the handle as they are and Triton encodes them per launch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -171,6 +172,10 @@ class CachedLauncher:
         self._widths: Callable[[tuple], tuple] = _getter(())  # other ints: only their width
         self._descriptors: Callable[[tuple], tuple] = _getter(())  # TMA tensor descriptors
         self._classified = False
+        # The kernel's parameter names in signature order, and a C-speed picker of a keyword
+        # map's values in that order (`launch_by_name`).
+        self.arg_names: tuple[str, ...] = tuple(inspect.signature(kernel.fn).parameters)
+        self._in_signature_order = itemgetter(*self.arg_names)
 
     def _classify(self, args: tuple) -> None:
         params = self.kernel.params
@@ -230,6 +235,35 @@ class CachedLauncher:
         if max_registers:
             options["maxnreg"] = max_registers
         return self.kernel[grid](*args, **options)
+
+    def launch_by_name(
+        self,
+        grid: tuple[int, int, int],
+        args: Mapping[str, Any],
+        *,
+        num_warps: int,
+        num_stages: int,
+        max_registers: int = 0,
+    ):
+        """`launch` with every parameter given by name (`args` maps each of `arg_names`).
+
+        A missing name raises KeyError naming it; an unknown one is refused (a misspelt
+        argument would otherwise never reach the kernel).
+        """
+        if len(args) != len(self.arg_names):
+            unknown = sorted(set(args) - set(self.arg_names))
+            missing = sorted(set(self.arg_names) - set(args))
+            raise TypeError(
+                f"{self.kernel.fn.__name__}: args must name each parameter once; "
+                f"unknown {unknown}, missing {missing}"
+            )
+        return self.launch(
+            grid,
+            self._in_signature_order(args),
+            num_warps=num_warps,
+            num_stages=num_stages,
+            max_registers=max_registers,
+        )
 
     def launch(
         self,
