@@ -2,12 +2,12 @@
 
 For each launch shape family BWX_ATTN makes (head sizes, GQA, single-token decode, verify and
 draft blocks, prefill; 2-byte and fp8 caches; split or not; the feature sets of the model
-families it serves), `paged_attention` picks its config as it would on a GPU of that class.
-The launches it would make are recorded instead of run and compiled for that architecture with
-Triton's bundled ptxas (`benchmarks/offline_compile.py`). Each distinct compile must build, not
-be a trap kernel, fit the class's shared memory per block and spill no registers inside its
-loops (a value ptxas parks in local memory once per program costs nothing that matters); the
-exit status is non-zero otherwise.
+families it serves), `plan_paged_attention` plans it as it would on a GPU of that class, and
+the launches `planned_launches` returns for that plan are compiled, not run, for that
+architecture with Triton's bundled ptxas (`benchmarks/offline_compile.py`). Each distinct
+compile must build, not be a trap kernel, fit the class's shared memory per block and spill
+no registers inside its loops (a value ptxas parks in local memory once per program costs
+nothing that matters); the exit status is non-zero otherwise.
 
     python benchmarks/attn_offline_check.py --check sm120 [--check sm100 ...] [--verbose]
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import itertools
 import multiprocessing
 import os
@@ -36,17 +35,23 @@ from benchmarks.offline_compile import (
     compile_offline,
     signature_of,
 )
-from vllm_blackwell_ext.kernels import paged_attention as pa
 from vllm_blackwell_ext.kernels.device import (
     MIN_FP8_CAPABILITY,
     SMEM_LIMIT_BY_CAPABILITY,
     DeviceInfo,
     device_class_of,
 )
-from vllm_blackwell_ext.kernels.paged_attention_configs import (
-    PREFILL_TMA_CLASSES,
-    PREFILL_WIDE_TILE_N,
+from vllm_blackwell_ext.kernels.paged_attention import (
+    SPLIT_KV_MAX_QUERY_LEN,
+    AttnShape,
+    KernelLaunch,
+    LayerOptions,
+    paged_cache_layout,
+    plan_paged_attention,
+    planned_launches,
+    tuning_for,
 )
+from vllm_blackwell_ext.kernels.paged_attention.launch import ATTENTION_LAUNCHER
 
 # (head_size, head_size_v): every padded width the kernel has, and unequal K/V heads.
 HEADS = [(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)]
@@ -66,9 +71,8 @@ QUICK = [((128, 128), "causal"), ((192, 128), "causal"), ((64, 64), "sinks+windo
          ((256, 256), "softcap+window"), ((128, 128), "non-causal+window")]  # fmt: skip
 QUICK_SPLITS = [1, 4]
 NUM_KV_HEADS, PAGE, CONTEXT = 2, 16, 4096
-# Prefill on the classes that read whole page tiles through TMA also runs on such pages.
-TMA_PAGE = PREFILL_WIDE_TILE_N
-KERNELS = {"attn": pa._paged_attn_kernel, "merge": pa._split_kv_merge_kernel}
+# The kernels of the recorded launches by name, filled before the compile workers fork.
+KERNELS: dict[str, object] = {}
 # Where spills inside a loop are reported but not counted as failures. sm90: its configs stay
 # as they ran on the H200 and H100 until a GPU measures an alternative, since a spill-free one
 # can be slower (the 64-row fp8 verify tile spills 32 B in DFlash draft layers with a window;
@@ -97,46 +101,23 @@ class Case:
         )
 
 
-class _Recorder:
-    """Stands in for a kernel launcher: keeps the launches instead of making them."""
-
-    def __init__(self) -> None:
-        self.launches: list[tuple[object, tuple, dict]] = []
-
-    def launch(self, grid, args, **options) -> None:
-        self.launches.append((grid, args, options))
-
-
-@contextlib.contextmanager
-def _recording_as(info: DeviceInfo) -> Iterator[tuple[_Recorder, _Recorder]]:
-    """`paged_attention` deciding as on `info`'s device class, recording its two launchers."""
-    saved = pa._ATTN_LAUNCHER, pa._MERGE_LAUNCHER, pa._device_info
-    attn, merge = _Recorder(), _Recorder()
-    pa._ATTN_LAUNCHER, pa._MERGE_LAUNCHER = attn, merge  # type: ignore[assignment]
-    pa._device_info = lambda device_index: info  # type: ignore[assignment]
-    pa._kernel_constants.cache_clear()
-    try:
-        yield attn, merge
-    finally:
-        pa._ATTN_LAUNCHER, pa._MERGE_LAUNCHER, pa._device_info = saved
-        pa._kernel_constants.cache_clear()
-
-
 def cases(capability: tuple[int, int], quick: bool = False) -> Iterator[Case]:
     fp8s = (False, True) if capability >= MIN_FP8_CAPABILITY else (False,)
     pairs = QUICK if quick else list(itertools.product(HEADS, FEATURES))
     for (head, features), (q_len, gqa), fp8 in itertools.product(pairs, SHAPES, fp8s):
-        decode_shaped = q_len <= pa.SPLIT_KV_MAX_QUERY_LEN
+        decode_shaped = q_len <= SPLIT_KV_MAX_QUERY_LEN
         if features == "non-causal+window" and not decode_shaped:
             continue
         for n in (QUICK_SPLITS if quick else SPLITS) if decode_shaped else (1,):
             yield Case(head, q_len, gqa, fp8, n, features)
-        if not decode_shaped and device_class_of(capability) in PREFILL_TMA_CLASSES:
-            yield Case(head, q_len, gqa, fp8, 1, features, TMA_PAGE)
+        # Prefill on the classes that read whole page tiles through TMA runs on such pages too.
+        tuning = tuning_for(device_class_of(capability))
+        if not decode_shaped and tuning.prefill_tma:
+            yield Case(head, q_len, gqa, fp8, 1, features, tuning.prefill_wide_tile_n)
 
 
-def record(case: Case) -> None:
-    """One `paged_attention` call of `case` on CPU tensors (its launches are recorded)."""
+def record(case: Case, info: DeviceInfo) -> list[KernelLaunch]:
+    """The launches of one call of `case` as planned on `info`'s class (CPU tensors)."""
     head_k, head_v = case.head
     batch = 2
     kv_dtype = torch.float8_e4m3fn if case.fp8 else torch.bfloat16
@@ -144,22 +125,30 @@ def record(case: Case) -> None:
     blocks = batch * CONTEXT // page
     # vLLM's layout: [blocks, kv heads, page, K + V], K and V views of it
     kv = torch.empty(blocks, NUM_KV_HEADS, page, head_k + head_v, dtype=kv_dtype)
-    key_cache, value_cache = kv.transpose(1, 2).split([head_k, head_v], dim=-1)
+    layout = paged_cache_layout(*kv.transpose(1, 2).split([head_k, head_v], dim=-1))
     heads = NUM_KV_HEADS * case.gqa
     q = torch.empty(batch * case.q_len, heads, head_k, dtype=torch.bfloat16)
     out = torch.empty(batch * case.q_len, heads, head_v, dtype=torch.bfloat16)
     scale = torch.ones(1) if case.fp8 else None
-    pa.paged_attention(
-        q, key_cache, value_cache, out,
+    plan = plan_paged_attention(
+        AttnShape.of_layout(info, q, layout), num_tokens=q.shape[0], max_seqlen_q=case.q_len,
+        max_seqlen_k=CONTEXT, num_splits=case.splits,
+    )  # fmt: skip
+    layer = LayerOptions(
+        softmax_scale=head_k**-0.5,
+        causal=case.features != "non-causal+window",
+        sliding_window=None if case.features == "causal" else 1024,
+        softcap=30.0 if case.features == "softcap+window" else 0.0,
+        sinks=torch.zeros(heads) if case.features == "sinks+window" else None,
+        k_scale=scale,
+        v_scale=scale,
+    )
+    return planned_launches(
+        plan, q, layout, out,
         torch.arange(batch + 1, dtype=torch.int32) * case.q_len,
         torch.full((batch,), CONTEXT, dtype=torch.int32),
         torch.zeros(batch, CONTEXT // page, dtype=torch.int32),
-        max_seqlen_q=case.q_len, max_seqlen_k=CONTEXT, softmax_scale=head_k**-0.5,
-        causal=case.features != "non-causal+window",
-        sliding_window=None if case.features == "causal" else 1024,
-        sinks=torch.zeros(heads) if case.features == "sinks+window" else None,
-        softcap=30.0 if case.features == "softcap+window" else 0.0,
-        k_scale=scale, v_scale=scale, num_splits=case.splits, check_inputs=False,
+        layer,
     )  # fmt: skip
 
 
@@ -170,21 +159,22 @@ def check_class(device_class: str, *, quick: bool = False, jobs: int = 1,
     limit = SMEM_LIMIT_BY_CAPABILITY[capability]
     info = DeviceInfo(device_class, capability, num_sms=132, smem_per_block=limit)
     compiles: dict[tuple, tuple[Case, str, tuple]] = {}
-    with _recording_as(info) as recorders:
-        for case in cases(capability, quick):
-            for recorder in recorders:
-                recorder.launches.clear()
-            record(case)
-            for name, recorder in zip(KERNELS, recorders, strict=True):
-                for _, args, options in recorder.launches:
-                    signature, constexprs, aligned = signature_of(KERNELS[name], args)
-                    # GQA and exact head sizes change no tile: one compile per layout.
-                    layout = {k: v for k, v in constexprs.items() if k not in ("GQA", "HEAD_K",
-                              "HEAD_V")}  # fmt: skip
-                    key = (name, tuple(signature.values()), tuple(layout.items()),
-                           tuple(sorted(options.items())))  # fmt: skip
-                    job = (name, signature, constexprs, aligned, capability, options)
-                    compiles.setdefault(key, (case, name, job))
+    for case in cases(capability, quick):
+        for launch in record(case, info):
+            name = "attn" if launch.launcher is ATTENTION_LAUNCHER else "merge"
+            KERNELS[name] = launch.launcher.kernel
+            args = tuple(launch.args[n] for n in launch.launcher.arg_names)
+            options = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
+            if launch.max_registers:
+                options["max_registers"] = launch.max_registers
+            signature, constexprs, aligned = signature_of(launch.launcher.kernel, args)
+            # GQA and exact head sizes change no tile: one compile per layout.
+            layout = {k: v for k, v in constexprs.items() if k not in ("GQA", "HEAD_K",
+                      "HEAD_V")}  # fmt: skip
+            key = (name, tuple(signature.values()), tuple(layout.items()),
+                   tuple(sorted(options.items())))  # fmt: skip
+            job = (name, signature, constexprs, aligned, capability, options)
+            compiles.setdefault(key, (case, name, job))
     ctx = multiprocessing.get_context("fork")  # the workers inherit the imported kernels
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
         results = pool.map(_compile, [job for _, _, job in compiles.values()])

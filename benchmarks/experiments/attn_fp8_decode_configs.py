@@ -21,6 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "src")]
 
+from vllm_blackwell_ext.kernels.paged_attention_configs import MAX_SPLITS
+
 from benchmarks.bench_paged_attention import (
     HKV,
     Case,
@@ -36,7 +38,6 @@ from vllm_blackwell_ext.kernels.paged_attention import (
     launch_config,
     plan_split_kv,
 )
-from vllm_blackwell_ext.kernels.paged_attention_configs import MAX_SPLITS
 
 # (keys per tile, warps, stages); the shipped config is timed first in every case.
 VARIANTS = (

@@ -22,6 +22,10 @@ import torch
 pytest.importorskip("vllm")
 
 from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
+from vllm_blackwell_ext.kernels.paged_attention_configs import (  # noqa: E402
+    PREFILL_TMA_MIN_TRITON,
+    PREFILL_WIDE_TILE_N,
+)
 
 from benchmarks.attn_offline_check import _recording_as  # noqa: E402
 from benchmarks.offline_compile import signature_of  # noqa: E402
@@ -29,10 +33,6 @@ from vllm_blackwell_ext.attention import jit_warmup  # noqa: E402
 from vllm_blackwell_ext.kernels import paged_attention as pa  # noqa: E402
 from vllm_blackwell_ext.kernels.device import DeviceInfo  # noqa: E402
 from vllm_blackwell_ext.kernels.launch_cache import triton_version  # noqa: E402
-from vllm_blackwell_ext.kernels.paged_attention_configs import (  # noqa: E402
-    PREFILL_TMA_MIN_TRITON,
-    PREFILL_WIDE_TILE_N,
-)
 
 H100 = DeviceInfo("NVIDIA H100", (9, 0), num_sms=132, smem_per_block=232_448)
 HQ, HKV, HEAD, PAGE, LAYERS, BLOCKS = 32, 8, 128, PREFILL_WIDE_TILE_N, 3, 6

@@ -153,9 +153,9 @@ def test_vllm_gives_bwx_attn_whole_tma_tile_pages_on_hopper_only(
     ours answers 128 (whole TMA prefill tiles) on Hopper, vLLM's default elsewhere and on the
     CPU platform."""
     from vllm.config import CacheConfig
+    from vllm_blackwell_ext.kernels.paged_attention_configs import PREFILL_WIDE_TILE_N
 
     from vllm_blackwell_ext.attention import bwx_attn
-    from vllm_blackwell_ext.kernels.paged_attention_configs import PREFILL_WIDE_TILE_N
 
     default = CacheConfig.DEFAULT_BLOCK_SIZE
     assert bwx_attn.BwxAttentionBackend.get_preferred_block_size(default) == default  # CPU

@@ -157,9 +157,9 @@ def test_chunks_after_cached_context_read_whole_page_tiles_through_tma_on_hopper
     # resolves; prompt chunks after the first read their cached context as whole TMA tiles
     # there, held to FLASH_ATTN by the tests above. fp8 caches gather.
     import torch
+    from vllm_blackwell_ext.kernels.paged_attention_configs import PREFILL_TMA_MIN_TRITON
 
     from vllm_blackwell_ext.kernels.launch_cache import triton_version
-    from vllm_blackwell_ext.kernels.paged_attention_configs import PREFILL_TMA_MIN_TRITON
 
     hopper = torch.cuda.get_device_capability() == (9, 0)
     takes = hopper and triton_version() >= PREFILL_TMA_MIN_TRITON

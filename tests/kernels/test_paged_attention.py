@@ -32,31 +32,32 @@ import triton
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_blackwell_ext.kernels import paged_attention as pa
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
 from vllm_blackwell_ext.kernels.launch_cache import triton_version
 from vllm_blackwell_ext.kernels.paged_attention import (
+    MAX_SPLITS,
+    PREFILL_TMA_MIN_TRITON,
+    SPLIT_KV_MAX_QUERY_LEN,
     SUPPORTED_HEAD_SIZES,
+    VARIANTS,
+    AttnConfig,
+    AttnShape,
+    LayerOptions,
     SplitKVWorkspace,
-    launch_config,
+    launch_paged_attention,
     paged_attention,
     paged_cache_layout,
+    plan_paged_attention,
     plan_split_kv,
-)
-from vllm_blackwell_ext.kernels.paged_attention_configs import (
-    DOUBLE_BUFFER_STAGES,
-    FP8_DECODE_MAX_REGISTERS,
-    FP8_PROGRAMS_PER_SM,
-    MAX_SPLITS,
-    MERGE_IN_KERNEL_MAX_SPLITS,
-    PREFILL_TMA_MIN_TRITON,
-    PREFILL_WIDE_TILE_N,
-    SPLIT_KV_MAX_QUERY_LEN,
+    planned_launches,
     preferred_block_size,
-    select_config,
     split_kv_max_rows,
     split_kv_max_tokens,
+    tma_grid,
+    tma_page_size,
+    tuning_for,
 )
+from vllm_blackwell_ext.kernels.paged_attention.configs import select_config
 from vllm_blackwell_ext.reference.paged_attention import paged_attention_ref
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
@@ -68,6 +69,8 @@ gpu_only = pytest.mark.skipif(
 H200 = DeviceInfo("H200", (9, 0), num_sms=132, smem_per_block=232_448)
 SM120 = DeviceInfo("RTX 5090", (12, 0), num_sms=170, smem_per_block=101_376)
 TOL = {torch.bfloat16: 3e-2, torch.float16: 1e-2}
+# The tuned values the Hopper rules are pinned to (`kernels/paged_attention/tuned.py`).
+HOPPER = tuning_for("sm90")
 
 
 def make_case(
@@ -126,8 +129,56 @@ def make_case(
     )
 
 
+def plan_of(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    max_seqlen_q: int,
+    info: DeviceInfo | None = None,
+    *,
+    split_kv: bool = False,
+    **overrides,
+):
+    """The plan `paged_attention` makes for these tensors (`split_kv`: a split launch)."""
+    layout = paged_cache_layout(key_cache, value_cache)
+    shape = AttnShape.of_layout(info or device_info(q.device), q, layout)
+    return plan_paged_attention(
+        shape, num_tokens=q.shape[0], max_seqlen_q=max_seqlen_q, max_seqlen_k=1 << 20,
+        num_splits=2 if split_kv else 1, **overrides,
+    )  # fmt: skip
+
+
+def planned_config(*args, **kw) -> AttnConfig:
+    """The config of `plan_of`."""
+    return plan_of(*args, **kw).config
+
+
+def launch_planned(
+    q, key_cache, value_cache, out, cu_seqlens_q, seq_lens, block_table, *, max_seqlen_q,
+    max_seqlen_k, softmax_scale, causal=True, sliding_window=None, sinks=None, softcap=0.0,
+    k_scale=None, v_scale=None, lse_out=None, workspace=None, num_splits=None, config=None,
+    run=True,
+) -> list:  # fmt: skip
+    """`paged_attention` through the public plan and launch, unchecked: the compiled handles
+    (`run=True`) or the planned launches (`run=False`)."""
+    layout = paged_cache_layout(key_cache, value_cache)
+    shape = AttnShape.of_layout(device_info(q.device), q, layout)
+    plan = plan_paged_attention(
+        shape, num_tokens=q.shape[0], max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+        num_splits=num_splits, config=config,
+        max_splits=workspace.max_splits if workspace is not None else None,
+        max_rows=workspace.max_rows if workspace is not None else None,
+    )  # fmt: skip
+    layer = LayerOptions(softmax_scale, causal, sliding_window, softcap, sinks, k_scale, v_scale)
+    args = (plan, q, layout, out, cu_seqlens_q, seq_lens, block_table, layer)
+    run_or_plan = launch_paged_attention if run else planned_launches
+    return run_or_plan(*args, workspace=workspace, lse_out=lse_out)
+
+
 def run_both(case: dict, **kw) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Run kernel and reference; return (out, lse, ref_out, ref_lse) for the valid rows."""
+    """Run kernel and reference; return (out, lse, ref_out, ref_lse) for the valid rows.
+
+    `compiled`, a list, receives the compiled handles (the launch through plan and launch)."""
     q = case["q"]
     total = case["total"]
     out = torch.full(
@@ -136,16 +187,13 @@ def run_both(case: dict, **kw) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     lse = torch.full((q.shape[0], q.shape[1]), 7.0, dtype=torch.float32, device=q.device)
     args = (case["q"], case["key_cache"], case["value_cache"])
     meta = (case["cu_seqlens_q"], case["seq_lens"], case["block_table"])
-    paged_attention(
-        *args,
-        out,
-        *meta,
-        max_seqlen_q=case["max_seqlen_q"],
-        max_seqlen_k=case["max_seqlen_k"],
-        lse_out=lse,
-        **kw,
-    )
-    launch_only = ("workspace", "num_splits", "config", "compiled")
+    compiled = kw.pop("compiled", None)
+    lengths = dict(max_seqlen_q=case["max_seqlen_q"], max_seqlen_k=case["max_seqlen_k"])
+    if compiled is not None:
+        compiled += launch_planned(*args, out, *meta, **lengths, lse_out=lse, **kw)
+    else:
+        paged_attention(*args, out, *meta, **lengths, lse_out=lse, **kw)
+    launch_only = ("workspace", "num_splits", "config", "variant")
     ref_kw = {k: v for k, v in kw.items() if k not in launch_only}
     ref_out, ref_lse = paged_attention_ref(*args, *meta, **ref_kw)
     # Rows past the last request are never written.
@@ -267,24 +315,17 @@ def test_split_kv_with_workspace_matches_unsplit(causal):
     [(None, None, False), (None, 30, True), (torch.float8_e4m3fn, None, True)],
 )
 @pytest.mark.parametrize("causal", [True, False])
-def test_split_kv_merged_in_kernel_matches_merge_kernel(
-    causal, kv_dtype, window, sinks, monkeypatch
-):
+def test_split_kv_merged_in_kernel_matches_merge_kernel(causal, kv_dtype, window, sinks):
     """The last split of each (query block, KV head) merges them all in the kernel; its
     counters are zero again after every launch, so a second launch on the same workspace
     merges right too."""
-    merge_launches = []
-    launch = pa._MERGE_LAUNCHER.launch
-    monkeypatch.setattr(
-        pa._MERGE_LAUNCHER, "launch", lambda *a, **k: merge_launches.append(1) or launch(*a, **k)
-    )
     dtype = torch.bfloat16
     case = make_case(
         [1, 3, 16, 1], [300, 257, 200, 40], num_q_heads=4, num_kv_heads=2, head_size=64,
         block_size=16, dtype=dtype, kv_dtype=kv_dtype,
     )  # fmt: skip
     ws = SplitKVWorkspace.allocate(32, 4, 64, max_splits=8, device=DEVICE)
-    cfg = launch_config(
+    cfg = planned_config(
         case["q"], case["key_cache"], case["value_cache"], case["max_seqlen_q"], split_kv=True
     )
     g = torch.Generator().manual_seed(1)
@@ -292,11 +333,23 @@ def test_split_kv_merged_in_kernel_matches_merge_kernel(
         softmax_scale=0.125, causal=causal, sliding_window=window, workspace=ws, num_splits=5,
         sinks=torch.randn(4, generator=g).to(DEVICE) if sinks else None, **scales(kv_dtype),
     )  # fmt: skip
+
+    def launches(max_in_kernel: int, **extra) -> int:
+        x = case
+        out = torch.empty(x["q"].shape[0], 4, 64, dtype=dtype, device=DEVICE)
+        cfg_k = replace(cfg, merge_in_kernel_max_splits=max_in_kernel)
+        planned = launch_planned(
+            x["q"], x["key_cache"], x["value_cache"], out, x["cu_seqlens_q"], x["seq_lens"],
+            x["block_table"], max_seqlen_q=x["max_seqlen_q"], max_seqlen_k=x["max_seqlen_k"],
+            config=cfg_k, run=False, **{**kw, **extra},
+        )  # fmt: skip
+        return len(planned)
+
+    assert launches(0) == 2  # the merge kernel after the attention kernel
+    assert launches(5) == 1 and launches(5, workspace=None) == 1  # merged in the kernel
     by_kernel = run_both(case, config=replace(cfg, merge_in_kernel_max_splits=0), **kw)
-    assert len(merge_launches) == 1
     for _ in range(2):
         fused = run_both(case, config=replace(cfg, merge_in_kernel_max_splits=5), **kw)
-        assert len(merge_launches) == 1, "the in-kernel merge launched the merge kernel"
         assert not ws.split_counts.any(), "split counters left non-zero"
         torch.testing.assert_close(fused[0], fused[2], atol=TOL[dtype], rtol=TOL[dtype])
         torch.testing.assert_close(fused[1], fused[3], atol=2e-3, rtol=1e-3)
@@ -306,7 +359,6 @@ def test_split_kv_merged_in_kernel_matches_merge_kernel(
     # Without a workspace the launch brings its own zeroed counters.
     kw.pop("workspace")
     alone = run_both(case, config=replace(cfg, merge_in_kernel_max_splits=5), **kw)
-    assert len(merge_launches) == 1
     torch.testing.assert_close(alone[0], alone[2], atol=TOL[dtype], rtol=TOL[dtype])
 
 
@@ -353,7 +405,7 @@ def test_window_is_backward_only_and_skips_tiles_before_it(causal):
         [q_len], [ctx + q_len], num_q_heads=2, num_kv_heads=1, head_size=64, block_size=16,
         dtype=torch.float16,
     )  # fmt: skip
-    cfg = launch_config(case["q"], case["key_cache"], case["value_cache"], q_len)
+    cfg = planned_config(case["q"], case["key_cache"], case["value_cache"], q_len)
     kw = dict(softmax_scale=0.125, causal=causal, sliding_window=window, num_splits=1)
     ref_out = run_both(case, **kw)[2]  # reference on the clean cache (it reads every key)
     first_needed = ctx - window + 1  # window start of the first query
@@ -391,7 +443,7 @@ def test_block_table_read_ahead_changes_no_bit(causal, window, block_size):
             block_size=block_size, dtype=torch.float16,
         )  # fmt: skip
         base = replace(
-            launch_config(case["q"], case["key_cache"], case["value_cache"], max(q_lens)),
+            planned_config(case["q"], case["key_cache"], case["value_cache"], max(q_lens)),
             block_m=32, block_q=8, tile_n=16, unmasked_interior=True,
         )  # fmt: skip
         outs = []
@@ -413,7 +465,7 @@ def test_fp8_cache_read_any_way_a_config_allows_matches_reference(kv_dtype):
         [1, 5], [40, 33], num_q_heads=4, num_kv_heads=2, head_size=64, head_size_v=80,
         block_size=16, dtype=torch.float16, kv_dtype=kv_dtype,
     )  # fmt: skip
-    cfg = launch_config(case["q"], case["key_cache"], case["value_cache"], 5)
+    cfg = planned_config(case["q"], case["key_cache"], case["value_cache"], 5)
     assert cfg.fp8_dot_fp16 and cfg.fp8_value_pairs
     for f16, pairs in ((True, True), (True, False), (False, False)):
         assert_close(
@@ -441,10 +493,10 @@ def test_fp8_value_cache_with_odd_strides_is_refused():
 def test_prefill_configs_read_pages_ahead_and_decode_configs_do_not():
     q = torch.zeros(64, 32, 128, dtype=torch.bfloat16)
     kv = torch.zeros(8, 16, 8, 128, dtype=torch.bfloat16)
-    assert launch_config(q, kv, kv, 64).prefetch_pages
+    assert planned_config(q, kv, kv, 64).prefetch_pages
     for q_len in (1, 16):
         for split in (False, True):
-            assert not launch_config(q, kv, kv, q_len, split_kv=split).prefetch_pages
+            assert not planned_config(q, kv, kv, q_len, split_kv=split).prefetch_pages
 
 
 @pytest.mark.parametrize("window", [None, 20])
@@ -458,7 +510,7 @@ def test_unmasked_interior_tiles_match_reference(causal, window):
         dtype=torch.float16,
     )  # fmt: skip
     cfg = replace(
-        launch_config(short["q"], short["key_cache"], short["value_cache"], 8),
+        planned_config(short["q"], short["key_cache"], short["value_cache"], 8),
         block_m=16, block_q=8, tile_n=16, unmasked_interior=True,
     )  # fmt: skip
     for splits in (1, 3):
@@ -545,7 +597,7 @@ def test_tma_tiles_match_reference_with_stale_page_tails(
     _fill_stale_slots(case, 1e4)
     _relayout(case, layout)
     cfg = replace(
-        launch_config(case["q"], case["key_cache"], case["value_cache"], max(q_lens)),
+        planned_config(case["q"], case["key_cache"], case["value_cache"], max(q_lens)),
         block_m=32, block_q=32 // (heads[0] // heads[1]), tile_n=16, num_stages=2,
         prefetch_pages=False, tma_tiles=True, tma_page_batch=page_batch,
     )  # fmt: skip
@@ -565,7 +617,7 @@ def test_tma_tiles_are_refused_for_a_cache_they_cannot_read():
     )  # fmt: skip
     args, kw = _base_args(case)
     cfg = replace(
-        launch_config(case["q"], case["key_cache"], case["value_cache"], 20),
+        planned_config(case["q"], case["key_cache"], case["value_cache"], 20),
         block_m=32, block_q=8, tile_n=16, num_stages=2, prefetch_pages=False, tma_tiles=True,
     )  # fmt: skip
     paged_attention(*args, **kw, config=cfg)  # whole 16-slot tiles: accepted
@@ -601,7 +653,7 @@ def test_cache_layout_made_once_gives_the_same_output_and_must_be_the_caches_own
     )  # fmt: skip
     args, kw = _base_args(case)
     cfg = replace(
-        launch_config(case["q"], case["key_cache"], case["value_cache"], 33),
+        planned_config(case["q"], case["key_cache"], case["value_cache"], 33),
         block_m=32, block_q=8, tile_n=16, num_stages=2, prefetch_pages=False, tma_tiles=True,
     )  # fmt: skip
     layout = paged_cache_layout(case["key_cache"], case["value_cache"])
@@ -609,12 +661,12 @@ def test_cache_layout_made_once_gives_the_same_output_and_must_be_the_caches_own
     assert layout.descriptors(16) is layout.descriptors(16)  # made once per tile
     per_call = paged_attention(*args, **kw, config=cfg).clone()
     args[3].zero_()
-    once = paged_attention(*args, **kw, config=cfg, cache_layout=layout, check_inputs=False)
+    once = paged_attention(*args, **kw, config=cfg, cache_layout=layout)
     total = case["total"]
     torch.testing.assert_close(once[:total], per_call[:total], atol=0, rtol=0)
     other = paged_cache_layout(case["key_cache"].clone(), case["value_cache"])
     with pytest.raises(ValueError, match="cache_layout: expected paged_cache_layout"):
-        paged_attention(*args, **kw, config=cfg, cache_layout=other, check_inputs=False)
+        paged_attention(*args, **kw, config=cfg, cache_layout=other)
 
 
 def test_hopper_prefill_takes_tma_tiles_on_pages_of_whole_tiles_only():
@@ -636,21 +688,21 @@ def test_hopper_prefill_takes_tma_tiles_on_pages_of_whole_tiles_only():
     assert not cfg(kv_elem=1).tma_tiles and not cfg(head=256).tma_tiles
     sm100 = DeviceInfo("B200", (10, 0), num_sms=148, smem_per_block=232_448)
     assert not cfg(sm100).tma_tiles and not cfg(SM120).tma_tiles  # measured on Hopper only
-    # launch_config reads the cache: vLLM's layout on pages of 128 is TMA-readable
+    # the plan reads the cache's layout: vLLM's layout on pages of 128 is TMA-readable
     kv = torch.zeros(4, 8, 128, 256, dtype=torch.bfloat16)
     key_cache, value_cache = kv.transpose(1, 2).split(128, dim=-1)
-    assert pa._tma_page_size(key_cache, value_cache) == 128
-    assert pa._tma_page_size(key_cache, key_cache[:, :, :, :64]) is None  # strides differ
+    assert tma_page_size(key_cache, value_cache) == 128
+    assert tma_page_size(key_cache, key_cache[:, :, :, :64]) is None  # strides differ
     # heads within each slot's row (vLLM's ...NHC layouts), layers interleaved per block
     for layers in (1, 3):
         nhc = torch.zeros(4, layers, 128, 8, 256, dtype=torch.bfloat16)[:, -1]
-        assert pa._tma_page_size(*nhc.split(128, dim=-1)) == 128
-        assert pa._tma_grid(nhc[..., :128]) == (3 * layers * 128 + 128, 7 * 256 + 128)
-    assert pa._tma_grid(key_cache) == (3 * 8 * 128 + 7 * 128 + 128, 128)
+        assert tma_page_size(*nhc.split(128, dim=-1)) == 128
+        assert tma_grid(nhc[..., :128]) == (3 * layers * 128 + 128, 7 * 256 + 128)
+    assert tma_grid(key_cache) == (3 * 8 * 128 + 7 * 128 + 128, 128)
 
 
 def test_pages_asked_of_vllm_hold_whole_tma_tiles_on_hopper_only():
-    assert preferred_block_size("sm90", 16) == PREFILL_WIDE_TILE_N
+    assert preferred_block_size("sm90", 16) == HOPPER.prefill_wide_tile_n
     assert preferred_block_size("sm90", 256) == 256
     for device_class in (None, "sm80", "sm89", "sm100", "sm120"):
         assert preferred_block_size(device_class, 16) == 16
@@ -870,11 +922,14 @@ def test_only_16_row_tiles_merge_in_the_kernel_and_fp8_decode_is_capped_at_3_per
             split_kv=True,
         )  # fmt: skip
 
-    assert config(1).merge_in_kernel_max_splits == MERGE_IN_KERNEL_MAX_SPLITS
+    assert config(1).merge_in_kernel_max_splits == HOPPER.merge_in_kernel_max_splits
     assert config(8).merge_in_kernel_max_splits == 0  # 32-row tiles: the merge kernel
     # The cap keeps three 4-warp fp8 decode programs within an SM's 65,536 registers.
-    assert config(1).max_registers == (FP8_DECODE_MAX_REGISTERS if kv_elem == 1 else 0)
-    assert FP8_DECODE_MAX_REGISTERS * config(1).num_warps * 32 * FP8_PROGRAMS_PER_SM <= 65_536
+    assert config(1).max_registers == (HOPPER.fp8_decode_max_registers if kv_elem == 1 else 0)
+    assert (
+        HOPPER.fp8_decode_max_registers * config(1).num_warps * 32 * HOPPER.fp8_programs_per_sm
+        <= 65_536
+    )
     assert config(8).max_registers == 0 and config(2048).max_registers == 0
 
 
@@ -912,16 +967,16 @@ def test_decode_tiles_are_double_buffered_where_measured_and_where_they_fit():
         ).num_stages  # fmt: skip
 
     # fp8 single-token decode, split or not; 2-byte caches when split (decode and verify)
-    assert stages(H200, 1, False) == stages(H200, 1, True) == DOUBLE_BUFFER_STAGES
-    assert stages(H200, 2, True) == stages(H200, 2, True, q_len=16) == DOUBLE_BUFFER_STAGES
+    assert stages(H200, 1, False) == stages(H200, 1, True) == HOPPER.double_buffer_stages
+    assert stages(H200, 2, True) == stages(H200, 2, True, q_len=16) == HOPPER.double_buffer_stages
     # not measured faster: unsplit 2-byte decode, fp8 verify blocks, wide heads, prefill
-    assert stages(H200, 2, False) < DOUBLE_BUFFER_STAGES
-    assert stages(H200, 1, True, q_len=16) < DOUBLE_BUFFER_STAGES
-    assert stages(H200, 1, False, head=256) < DOUBLE_BUFFER_STAGES
-    assert stages(H200, 2, False, q_len=2048) < DOUBLE_BUFFER_STAGES
+    assert stages(H200, 2, False) < HOPPER.double_buffer_stages
+    assert stages(H200, 1, True, q_len=16) < HOPPER.double_buffer_stages
+    assert stages(H200, 1, False, head=256) < HOPPER.double_buffer_stages
+    assert stages(H200, 2, False, q_len=2048) < HOPPER.double_buffer_stages
     # 101 KB per block (sm120): the single-buffered choice of the estimate
-    assert stages(SM120, 1, False) < DOUBLE_BUFFER_STAGES
-    assert stages(SM120, 2, True) < DOUBLE_BUFFER_STAGES
+    assert stages(SM120, 1, False) < HOPPER.double_buffer_stages
+    assert stages(SM120, 2, True) < HOPPER.double_buffer_stages
 
 
 def test_prefill_takes_wide_tiles_where_they_fit_and_unmasked_interiors_where_measured():
@@ -1028,7 +1083,7 @@ def test_gpu_hopper_prefill_reads_whole_page_tiles_through_tma(head_size):
         assert_close(case, torch.bfloat16, softmax_scale=head_size**-0.5, compiled=compiled)
         assert ("cp.async.bulk.tensor" in compiled[0].asm["ptx"]) == takes_tma, block_size
         if takes_tma:
-            cfg = launch_config(case["q"], case["key_cache"], case["value_cache"], 2048)
+            cfg = planned_config(case["q"], case["key_cache"], case["value_cache"], 2048)
             for page_batch in (0, 4):
                 assert_close(
                     case, torch.bfloat16, softmax_scale=head_size**-0.5,
@@ -1077,7 +1132,7 @@ def test_gpu_new_batch_sizes_and_split_counts_reuse_one_compiled_kernel():
     # vLLM runs mixed batches eagerly with any request count and split count; each new Triton
     # specialisation would compile (~1 s) in the middle of serving. Same config (decode-shaped
     # q=1), varying batch and splits: one compiled kernel without the split path, one that
-    # merges in the kernel (up to MERGE_IN_KERNEL_MAX_SPLITS splits), one beside the merge
+    # merges in the kernel (up to HOPPER.merge_in_kernel_max_splits splits), one beside the merge
     # kernel.
     ws = SplitKVWorkspace.for_device(32, 8, 128, device=DEVICE)
     handles = []
@@ -1106,7 +1161,7 @@ def test_gpu_merge_in_kernel_stays_right_launch_after_launch(kv_dtype):
     )  # fmt: skip
     ws = SplitKVWorkspace.for_device(32, 8, 128, device=DEVICE)
     kw = dict(
-        softmax_scale=128**-0.5, workspace=ws, num_splits=MERGE_IN_KERNEL_MAX_SPLITS,
+        softmax_scale=128**-0.5, workspace=ws, num_splits=HOPPER.merge_in_kernel_max_splits,
         **scales(kv_dtype),
     )  # fmt: skip
     first = run_both(case, **kw)
@@ -1149,12 +1204,11 @@ def test_gpu_sm120_configs_compile_within_101376_bytes(head_size, kv_dtype):
             head_size=head_size, block_size=16, dtype=torch.bfloat16,
             kv_dtype=kv_dtype if kv_dtype != torch.bfloat16 else None,
         )  # fmt: skip
-        cfg = launch_config(
+        cfg = planned_config(
             case["q"], case["key_cache"], case["value_cache"], case["max_seqlen_q"], SM120
         )
-        handles: list = []
         args, kw = _base_args(case)
-        paged_attention(*args, **kw, config=cfg, num_splits=1, compiled=handles, **scales(kv_dtype))
+        handles = launch_planned(*args, **kw, config=cfg, num_splits=1, **scales(kv_dtype))
         shared = handles[0].metadata.shared
         spills = getattr(handles[0], "n_spills", "?")
         print(f"sm120 head={head_size} kv={kv_dtype} q={q_len} heads={num_q_heads}/{num_kv_heads} "
@@ -1162,7 +1216,8 @@ def test_gpu_sm120_configs_compile_within_101376_bytes(head_size, kv_dtype):
         assert shared <= 101_376
 
 
-def test_check_inputs_false_gives_the_same_output():
+def test_plan_then_launch_gives_the_standalone_calls_output():
+    """What a backend runs (a plan made once, launched unchecked) is the standalone call."""
     case = make_case(
         [2, 1], [40, 17], num_q_heads=4, num_kv_heads=2, head_size=64, block_size=16,
         dtype=torch.float16,
@@ -1170,6 +1225,36 @@ def test_check_inputs_false_gives_the_same_output():
     args, kw = _base_args(case)
     checked = paged_attention(*args, **kw).clone()
     args[3].zero_()
-    unchecked = paged_attention(*args, **kw, check_inputs=False)
+    launch_planned(*args, **kw)
+    unchecked = args[3]
     total = case["total"]
     torch.testing.assert_close(unchecked[:total], checked[:total], atol=0, rtol=0)
+
+
+def test_variants_are_named_chosen_by_the_device_rule_and_can_be_asked_for():
+    """The plan names its kernel variant: TMA tiles for Hopper prefill over pages of whole
+    tiles, gathered tiles elsewhere; a caller may ask for one, and one the launch cannot take
+    is refused with the reason."""
+    assert VARIANTS == ("triton_gather", "triton_tma")
+    shape = AttnShape.for_cache(
+        H200, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, num_q_heads=32, num_kv_heads=8,
+        head_size=128, head_size_v=128, block_size=128, tma_readable=True,
+    )  # fmt: skip
+
+    def plan(q_len: int, **kw):
+        return plan_paged_attention(
+            shape, num_tokens=8 * q_len, max_seqlen_q=q_len, max_seqlen_k=32768, **kw
+        )
+
+    takes_tma = triton_version() >= PREFILL_TMA_MIN_TRITON
+    assert plan(2048).variant == ("triton_tma" if takes_tma else "triton_gather")
+    assert plan(2048).config.tma_tiles == takes_tma
+    gathered = plan(2048, variant="triton_gather")
+    assert gathered.variant == "triton_gather" and not gathered.config.tma_tiles
+    assert plan(1).variant == "triton_gather" and plan(1).split_kv
+    with pytest.raises(ValueError, match="variant: 'triton_tma' needs a prefill"):
+        plan(1, variant="triton_tma")
+    with pytest.raises(ValueError, match="variant: expected one of"):
+        plan(1, variant="cuda")
+    # A plan knows its batch: the same inputs give the same (cached) plan value.
+    assert plan(1) is plan(1) and plan(1).describe().startswith("triton_gather: ")

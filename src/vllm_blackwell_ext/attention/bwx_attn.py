@@ -49,21 +49,27 @@ from vllm_blackwell_ext.kernels import device as kernel_device
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_class_of, device_info
 from vllm_blackwell_ext.kernels.fresh_prefill import (
     FRESH_PREFILL_MIN_QUERY_LEN,
-    fresh_prefill,
+    FreshPrefillPlan,
+    check_fresh_prefill,
     fresh_prefill_requests,
     fresh_prefill_supported,
+    launch_fresh_prefill,
+    plan_fresh_prefill,
 )
 from vllm_blackwell_ext.kernels.paged_attention import (
+    SPLIT_KV_MAX_QUERY_LEN,
     SUPPORTED_HEAD_SIZES,
+    AttnPlan,
+    AttnShape,
+    LayerOptions,
     PagedCacheLayout,
     SplitKVWorkspace,
-    launch_config,
-    paged_attention,
+    check_paged_attention,
+    check_plan_fits,
+    check_workspace,
+    launch_paged_attention,
     paged_cache_layout,
-    plan_split_kv,
-)
-from vllm_blackwell_ext.kernels.paged_attention_configs import (
-    SPLIT_KV_MAX_QUERY_LEN,
+    plan_paged_attention,
     preferred_block_size,
 )
 from vllm_blackwell_ext.kv_cache_dtypes import FP8_KV_CACHE_DTYPES
@@ -218,7 +224,7 @@ class BwxAttentionMetadata:
     block_table: torch.Tensor  # [num_reqs, max_blocks] int32
     slot_mapping: torch.Tensor  # [num_tokens] int64, -1 = padding
     causal: bool
-    num_splits: int  # the host's split-KV plan (1 = no split)
+    plan: AttnPlan  # the batch's launch: variant, config, split-KV plan (made once, here)
     workspace: SplitKVWorkspace | None
     # A request without cached context and of FRESH_PREFILL_MIN_QUERY_LEN+ queries is in the
     # batch (host view): layers that can run `fresh_prefill` on it beside the paged kernel.
@@ -226,9 +232,15 @@ class BwxAttentionMetadata:
     # Every request is such a one: those layers launch `fresh_prefill` alone.
     only_fresh_prefill: bool = False
 
+    @property
+    def num_splits(self) -> int:
+        """The plan's split count (1 = no split)."""
+        return self.plan.num_splits
+
 
 class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]):
-    """Plans split-KV on the host; the split-KV scratch is allocated once, here."""
+    """Makes each batch's launch plan on the host; the split-KV scratch is allocated once,
+    here."""
 
     # Uniform decode / spec-verify batches replay in full CUDA graphs: the launch depends
     # only on host ints that a captured batch shape fixes (token count, query length, the
@@ -248,7 +260,6 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
         model_config = vllm_config.model_config
         self.block_size = kv_cache_spec.block_size
         self.num_kv_heads = kv_cache_spec.num_kv_heads
-        self.kv_elem = kv_cache_spec.dtype.itemsize
         self.head_size = kv_cache_spec.head_size
         # Values may be narrower or wider than keys (MiMo-V2, openPangu: 192 / 128); the
         # kernel and the split-KV scratch take the value width from here.
@@ -263,6 +274,20 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
         ) or model_config.get_num_attention_heads(vllm_config.parallel_config)
         self.max_model_len = model_config.max_model_len
         self.device_info: DeviceInfo = device_info(device)
+        # What every plan of this group's layers starts from. vLLM's cache layout lets TMA
+        # read whole tiles where the heads allow (each layer checks its cache once).
+        fp8_dtype = _fp8_dtype_for(vllm_config.cache_config.cache_dtype)
+        self.shape = AttnShape.for_cache(
+            self.device_info,
+            q_dtype=model_config.dtype,
+            kv_dtype=fp8_dtype or kv_cache_spec.dtype,
+            num_q_heads=self.num_heads_q,
+            num_kv_heads=self.num_kv_heads,
+            head_size=self.head_size,
+            head_size_v=self.head_size_v,
+            block_size=self.block_size,
+            tma_readable=True,
+        )
         # Sized for every launch the plan may split on this device (a few MiB), once.
         self.workspace = SplitKVWorkspace.for_device(
             self.num_heads_q, self.num_kv_heads, self.head_size_v, device, self.device_info
@@ -301,11 +326,12 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
             )
         return kinds
 
-    def plan(self, num_tokens: int, max_query_len: int, max_seq_len: int) -> int:
-        """Number of KV splits for a launch (1 = no split); pure host arithmetic."""
-        return plan_split_kv(
-            num_tokens, max_query_len, max_seq_len, self.num_kv_heads, self.device_info,
-            kv_elem=self.kv_elem,
+    def plan(self, num_tokens: int, max_query_len: int, max_seq_len: int) -> AttnPlan:
+        """The launch plan of a batch (capped to the workspace); pure host arithmetic."""
+        return plan_paged_attention(
+            self.shape, num_tokens=num_tokens, max_seqlen_q=max_query_len,
+            max_seqlen_k=max_seq_len, max_splits=self.workspace.max_splits,
+            max_rows=self.workspace.max_rows,
         )  # fmt: skip
 
     def build_for_cudagraph_capture(
@@ -360,7 +386,7 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
             block_table=cm.block_table_tensor,
             slot_mapping=cm.slot_mapping,
             causal=bool(cm.causal),
-            num_splits=self.plan(planned_tokens, cm.max_query_len, cm.max_seq_len),
+            plan=self.plan(planned_tokens, cm.max_query_len, cm.max_seq_len),
             workspace=self.workspace,
             fresh_prefill=fresh,
             only_fresh_prefill=only_fresh,
@@ -435,11 +461,13 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
         # work, as a layer's layout, dtypes and head sizes never change.
         self._inputs_checked = False
         self._views_key = (head_size, self.fp8_dtype)
-        # Whether this layer runs fresh prefills through `fresh_prefill` (decided at its first
+        # This layer's side of each launch, made once per (causal, window, fresh) it meets.
+        self._layer_options: dict[tuple, LayerOptions] = {}
+        # This layer's fresh-prefill plan, or False where it takes none (decided at its first
         # batch holding one: it depends on the cache dtype and the layer's overrides).
-        self._takes_fresh_prefill: bool | None = None
+        self._fresh_plan: FreshPrefillPlan | bool | None = None
         self._fresh_inputs_checked = False
-        self._prefill_reads_logged = False
+        self._prefill_plan_logged = False
 
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
         if self.sinks is not None and self.sinks.dtype != torch.float32:
@@ -560,99 +588,140 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
             # Only when vLLM never called process_weights_after_loading (direct use).
             self.process_weights_after_loading(self.sinks.dtype)
         layout = self._cache_layout(kv_cache)
-        key_cache, value_cache = layout.key_cache, layout.value_cache
-        quantized = self.fp8_dtype is not None
         # A DFlash draft mixing sliding (causal) and full (non-causal) layers runs under one
         # batch-wide causal flag in vLLM 0.32's default runner; such layers carry their own
         # mode (dflash/model.py), which wins over the batch's.
         layer_causal = getattr(layer, LAYER_CAUSAL_ATTR, None)
         window = getattr(layer, LAYER_WINDOW_ATTR, self.sliding_window)
-        fresh = (
-            attn_metadata.fresh_prefill
-            and key is not None
-            and self._fresh_prefill_layer(query, key_cache, value_cache, layer_causal, window)
+        fresh_plan = (
+            self._fresh_prefill_plan(query, layout, layer_causal, window)
+            if attn_metadata.fresh_prefill and key is not None
+            else None
         )
+        if not self._inputs_checked:
+            self._check_inputs(query, layout, output, attn_metadata, layer, window)
         # query/output are passed whole: the kernel writes only the rows of cu_seqlens_q and
         # leaves padding rows alone, so no per-call slicing (host time) is needed. A batch of
         # fresh prompts only leaves the paged kernel nothing to do: it is not launched.
-        if not (fresh and attn_metadata.only_fresh_prefill):
-            paged_attention(
+        if not (fresh_plan and attn_metadata.only_fresh_prefill):
+            causal = attn_metadata.causal if layer_causal is None else layer_causal
+            launch_paged_attention(
+                attn_metadata.plan,
                 query,
-                key_cache,
-                value_cache,
+                layout,
                 output,
                 attn_metadata.query_start_loc,
                 attn_metadata.seq_lens,
                 attn_metadata.block_table,
-                max_seqlen_q=attn_metadata.max_query_len,
-                max_seqlen_k=attn_metadata.max_seq_len,
-                softmax_scale=self.scale,
-                causal=attn_metadata.causal if layer_causal is None else layer_causal,
-                sliding_window=window,
-                sinks=self._sinks_f32,
-                softcap=self.logits_soft_cap,
-                k_scale=layer._k_scale if quantized else None,
-                v_scale=layer._v_scale if quantized else None,
+                self._options(layer, causal, window, fresh=fresh_plan is not None),
                 workspace=attn_metadata.workspace,
-                num_splits=attn_metadata.num_splits,
-                check_inputs=not self._inputs_checked,
-                skip_fresh_from=FRESH_PREFILL_MIN_QUERY_LEN if fresh else 0,
-                cache_layout=layout,
             )
-            self._inputs_checked = True
-            if (
-                not self._prefill_reads_logged
-                and attn_metadata.max_query_len > SPLIT_KV_MAX_QUERY_LEN
-            ):
-                self._prefill_reads_logged = True
-                cfg = launch_config(query, key_cache, value_cache, attn_metadata.max_query_len)
-                if cfg.tma_tiles:
-                    logger.info_once(
-                        "BWX_ATTN: prefill reads the cache's %d-key tiles through TMA", cfg.tile_n
-                    )
-        if fresh:
+            self._log_prefill_plan(attn_metadata.plan)
+        if fresh_plan:
             # The requests the paged kernel skipped, from this step's own K/V (the same values
             # the cache holds: a cache in the query's dtype is one condition of the layer).
-            fresh_prefill(
-                query,
-                key,
-                value,
-                output,
-                attn_metadata.query_start_loc,
-                attn_metadata.seq_lens,
-                softmax_scale=self.scale,
-                check_inputs=not self._fresh_inputs_checked,
-            )
-            self._fresh_inputs_checked = True
+            if not self._fresh_inputs_checked:
+                check_fresh_prefill(
+                    query, key, value, output, attn_metadata.query_start_loc,
+                    attn_metadata.seq_lens,
+                )  # fmt: skip
+                self._fresh_inputs_checked = True
+            launch_fresh_prefill(
+                fresh_plan, query, key, value, output, attn_metadata.query_start_loc,
+                attn_metadata.seq_lens, self.scale,
+            )  # fmt: skip
         return output
 
-    def _fresh_prefill_layer(
+    def _options(
+        self, layer: AttentionLayer, causal: bool, window: int | None, fresh: bool
+    ) -> LayerOptions:
+        """This layer's side of a launch (made once per combination it meets)."""
+        quantized = self.fp8_dtype is not None
+        k_scale = layer._k_scale if quantized else None
+        key = (causal, window, fresh, id(k_scale))
+        options = self._layer_options.get(key)
+        if options is None:
+            options = self._layer_options[key] = LayerOptions(
+                softmax_scale=self.scale,
+                causal=causal,
+                sliding_window=window,
+                softcap=self.logits_soft_cap,
+                sinks=self._sinks_f32,
+                k_scale=k_scale,
+                v_scale=layer._v_scale if quantized else None,
+                skip_fresh_from=FRESH_PREFILL_MIN_QUERY_LEN if fresh else 0,
+            )
+        return options
+
+    def _check_inputs(
         self,
         query: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
+        layout: PagedCacheLayout,
+        output: torch.Tensor,
+        md: BwxAttentionMetadata,
+        layer: AttentionLayer,
+        window: int | None,
+    ) -> None:
+        """The kernel's input checks and the batch plan's fit to this layer's cache: once per
+        cache tensor (a layer's layout, dtypes and head sizes never change)."""
+        quantized = self.fp8_dtype is not None
+        check_paged_attention(
+            query, layout.key_cache, layout.value_cache, output, md.query_start_loc,
+            md.seq_lens, md.block_table, max_seqlen_q=md.max_query_len,
+            max_seqlen_k=md.max_seq_len, sliding_window=window, sinks=self._sinks_f32,
+            softcap=self.logits_soft_cap, k_scale=layer._k_scale if quantized else None,
+            v_scale=layer._v_scale if quantized else None,
+        )  # fmt: skip
+        check_plan_fits(md.plan.shape, query, layout)
+        if md.workspace is not None:
+            check_workspace(md.workspace, query, layout.value_cache.shape[3])
+        self._inputs_checked = True
+
+    def _log_prefill_plan(self, plan: AttnPlan) -> None:
+        """Say once how this layer's prefills read the cache (from the plan they launch)."""
+        if self._prefill_plan_logged or plan.max_seqlen_q <= SPLIT_KV_MAX_QUERY_LEN:
+            return
+        self._prefill_plan_logged = True
+        if plan.config.tma_tiles:
+            logger.info_once(
+                "BWX_ATTN: prefill reads the cache's %d-key tiles through TMA (%s)",
+                plan.config.tile_n,
+                plan.describe(),
+            )
+
+    def _fresh_prefill_plan(
+        self,
+        query: torch.Tensor,
+        layout: PagedCacheLayout,
         layer_causal: bool | None,
         window: int | None,
-    ) -> bool:
-        """Whether this layer's fresh prefills take `fresh_prefill` (decided once)."""
-        if self._takes_fresh_prefill is None:
-            self._takes_fresh_prefill = fresh_prefill_supported(
-                device_info(query.device),
+    ) -> FreshPrefillPlan | None:
+        """This layer's fresh-prefill plan, or None where it takes none (decided once)."""
+        if self._fresh_plan is None:
+            info = device_info(query.device)
+            supported = fresh_prefill_supported(
+                info,
                 q_dtype=query.dtype,
-                kv_dtype=key_cache.dtype,
+                kv_dtype=layout.key_cache.dtype,
                 num_q_heads=self.num_heads,
                 num_kv_heads=self.num_kv_heads,
                 head_size=self.head_size,
-                head_size_v=value_cache.shape[-1],
+                head_size_v=layout.value_cache.shape[-1],
                 # the builder plans fresh prefills for causal batches only
                 causal=layer_causal is not False,
                 sliding_window=window,
                 has_sinks=self.sinks is not None,
                 softcap=self.logits_soft_cap,
             )
-            if self._takes_fresh_prefill:
+            self._fresh_plan = supported and plan_fresh_prefill(
+                info,
+                num_q_heads=self.num_heads,
+                num_kv_heads=self.num_kv_heads,
+                head_size=self.head_size,
+            )
+            if supported:
                 logger.info_once(
                     "BWX_ATTN: prompts without cached context read their own K/V through TMA "
                     "(fresh_prefill)"
                 )
-        return self._takes_fresh_prefill
+        return self._fresh_plan or None

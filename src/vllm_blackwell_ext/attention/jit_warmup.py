@@ -33,12 +33,13 @@ from vllm_blackwell_ext.kernels.fresh_prefill import (
 from vllm_blackwell_ext.kernels.kv_gather import gather_and_maybe_dequant_cache
 from vllm_blackwell_ext.kernels.mla_decode import SUPPORTED_LATENT, WIDE_MERGE_SPLITS, mla_decode
 from vllm_blackwell_ext.kernels.mla_decode_configs import FEW_PROGRAMS, get_mla_decode_config
-from vllm_blackwell_ext.kernels.paged_attention import paged_attention
-from vllm_blackwell_ext.kernels.paged_attention_configs import (
+from vllm_blackwell_ext.kernels.paged_attention import (
     SPLIT_KV_MAX_QUERY_LEN,
     AttnConfig,
+    AttnShape,
+    paged_attention,
+    plan_paged_attention,
     plan_split_kv,
-    select_config,
     split_kv_max_tokens,
 )
 
@@ -62,6 +63,20 @@ class AttentionLayerKind:
     @property
     def value_head_size(self) -> int:
         return self.head_size if self.head_size_v is None else self.head_size_v
+
+    def shape(self, info: DeviceInfo) -> AttnShape:
+        """The `AttnShape` of this layer's cache as vLLM lays it out on `info`'s device."""
+        return AttnShape.for_cache(
+            info,
+            q_dtype=self.q_dtype,
+            kv_dtype=self.kv_dtype,
+            num_q_heads=self.num_q_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_size=self.head_size,
+            head_size_v=self.value_head_size,
+            block_size=self.block_size,
+            tma_readable=True,
+        )
 
     def fresh_prefill_facts(self) -> dict[str, Any]:
         """The layer's side of `fresh_prefill_supported`."""
@@ -101,18 +116,14 @@ def paged_attention_warmup_keys(
     the fresh-prefill kernel where the layer takes it."""
     keys, configs = [], set()
     kv_elem = layer.kv_dtype.itemsize
+    shape = layer.shape(info)
 
     def config(q_len: int, split_kv: bool = False) -> AttnConfig:
-        return select_config(
-            info,
-            head_k_pad=1 << (layer.head_size - 1).bit_length(),
-            head_v_pad=1 << (layer.value_head_size - 1).bit_length(),
-            gqa=layer.num_q_heads // layer.num_kv_heads,
-            max_seqlen_q=q_len,
-            kv_elem=kv_elem,
-            q_elem=layer.q_dtype.itemsize,
-            split_kv=split_kv,
-        )
+        plan = plan_paged_attention(
+            shape, num_tokens=q_len, max_seqlen_q=q_len, max_seqlen_k=max_model_len,
+            num_splits=2 if split_kv else 1,
+        )  # fmt: skip
+        return plan.config
 
     for q_len in range(1, SPLIT_KV_MAX_QUERY_LEN + 2):
         cfg = config(q_len)
