@@ -22,20 +22,19 @@ import torch
 pytest.importorskip("vllm")
 
 from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
-from vllm_blackwell_ext.kernels.paged_attention_configs import (  # noqa: E402
-    PREFILL_TMA_MIN_TRITON,
-    PREFILL_WIDE_TILE_N,
-)
 
-from benchmarks.attn_offline_check import _recording_as  # noqa: E402
 from benchmarks.offline_compile import signature_of  # noqa: E402
 from vllm_blackwell_ext.attention import jit_warmup  # noqa: E402
 from vllm_blackwell_ext.kernels import paged_attention as pa  # noqa: E402
 from vllm_blackwell_ext.kernels.device import DeviceInfo  # noqa: E402
 from vllm_blackwell_ext.kernels.launch_cache import triton_version  # noqa: E402
+from vllm_blackwell_ext.kernels.paged_attention import (  # noqa: E402
+    PREFILL_TMA_MIN_TRITON,
+    tuning_for,
+)
 
 H100 = DeviceInfo("NVIDIA H100", (9, 0), num_sms=132, smem_per_block=232_448)
-HQ, HKV, HEAD, PAGE, LAYERS, BLOCKS = 32, 8, 128, PREFILL_WIDE_TILE_N, 3, 6
+HQ, HKV, HEAD, PAGE, LAYERS, BLOCKS = 32, 8, 128, tuning_for("sm90").prefill_wide_tile_n, 3, 6
 LAYER = jit_warmup.AttentionLayerKind(
     q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, num_q_heads=HQ, num_kv_heads=HKV,
     head_size=HEAD, block_size=PAGE, causal=True, sliding_window=None, has_sinks=False,
@@ -52,26 +51,28 @@ def layer_view(layout: KVCacheLayout) -> torch.Tensor:
     return physical.permute([order.index(i) for i in range(5)])[1]
 
 
-def recorded_prefill(call) -> tuple:
-    """Signature, constexprs and aligned arguments of the paged kernel's launch in `call`."""
-    with _recording_as(H100) as (attn, _merge):
-        call()
-    (_grid, args, options), *_ = attn.launches
-    signature, constexprs, aligned = signature_of(pa._paged_attn_kernel, args)
-    return signature, constexprs, sorted(aligned), options
+def launched(launches: list) -> tuple:
+    """Signature, constexprs, aligned arguments and options of the paged kernel's launch."""
+    attn, *_ = launches
+    args = tuple(attn.args[name] for name in attn.launcher.arg_names)
+    signature, constexprs, aligned = signature_of(attn.launcher.kernel, args)
+    return signature, constexprs, sorted(aligned), (attn.num_warps, attn.num_stages)
 
 
-def engine_prefill(kv: torch.Tensor) -> None:
-    """A 300-token chunk after 500 cached tokens over one layer's view, as `forward` calls it."""
-    key_cache, value_cache = kv.transpose(1, 2).split(HEAD, dim=-1)
+def engine_prefill(kv: torch.Tensor) -> list:
+    """A 300-token chunk after 500 cached tokens over one layer's view, planned as the
+    metadata builder plans it and launched as `forward` launches it (not run)."""
+    layout = pa.paged_cache_layout(*kv.transpose(1, 2).split(HEAD, dim=-1))
     qkv = torch.zeros(300, HQ + 2 * HKV, HEAD, dtype=torch.bfloat16)
     q = qkv[:, :HQ]
     out = torch.empty(300, HQ, HEAD, dtype=torch.bfloat16)
+    shape = LAYER.shape(H100)  # the builder's shape of vLLM's layout
+    pa.check_plan_fits(shape, q, layout)  # what forward checks once per cache
+    plan = pa.plan_paged_attention(shape, num_tokens=300, max_seqlen_q=300, max_seqlen_k=800)
     i32 = {"dtype": torch.int32}
-    pa.paged_attention(
-        q, key_cache, value_cache, out, torch.tensor([0, 300], **i32), torch.tensor([800], **i32),
-        torch.arange(BLOCKS, **i32).view(1, BLOCKS), max_seqlen_q=300, max_seqlen_k=800,
-        softmax_scale=HEAD**-0.5, check_inputs=False,
+    return pa.planned_launches(
+        plan, q, layout, out, torch.tensor([0, 300], **i32), torch.tensor([800], **i32),
+        torch.arange(BLOCKS, **i32).view(1, BLOCKS), pa.LayerOptions(HEAD**-0.5),
     )  # fmt: skip
 
 
@@ -79,13 +80,10 @@ def compare(layout_name: str) -> None:
     """Assert that a prefill over `layout_name` launches the variant the warm-up compiles."""
     kv = layer_view(KVCacheLayout[layout_name])
     key_cache, value_cache = kv.transpose(1, 2).split(HEAD, dim=-1)
-    assert pa._tma_page_size(key_cache, value_cache) == PAGE
-    warm = recorded_prefill(
-        lambda: jit_warmup.launch_paged_attention_warmup(
-            jit_warmup.PagedAttentionKey(LAYER, pa.SPLIT_KV_MAX_QUERY_LEN + 1), torch.device("cpu")
-        )
-    )
-    served = recorded_prefill(lambda: engine_prefill(kv))
+    assert pa.tma_page_size(key_cache, value_cache) == PAGE
+    key = jit_warmup.PagedAttentionKey(LAYER, pa.SPLIT_KV_MAX_QUERY_LEN + 1)
+    warm = launched(jit_warmup.paged_attention_warmup_launches(key, torch.device("cpu"), H100))
+    served = launched(engine_prefill(kv))
     assert served == warm, (served, warm)
     assert warm[1]["TMA_TILES"] and warm[0]["k_desc"].startswith("tensordesc")
     print(f"{layout_name}: the warm-up's variant")

@@ -380,7 +380,7 @@ def test_fresh_prompts_take_the_tma_kernel_where_the_layer_allows_and_match_torc
     )  # fmt: skip
     assert md.fresh_prefill, "the builder saw the fresh prompt"
     assert not md.only_fresh_prefill
-    assert step["impl"]._takes_fresh_prefill is takes_fresh
+    assert bool(step["impl"]._fresh_plan) is takes_fresh
     _assert_close(got, expected, dtype)
 
 
@@ -392,9 +392,11 @@ def test_a_batch_of_fresh_prompts_only_launches_no_paged_kernel_where_the_layer_
     # nothing to do and does not launch it; an fp8 layer (which does not) still does.
     monkeypatch.delenv(FRESH_PREFILL_ENV, raising=False)  # on by default
     paged_calls = []
-    paged = bwx_attn.paged_attention
+    paged = bwx_attn.launch_paged_attention
     monkeypatch.setattr(
-        bwx_attn, "paged_attention", lambda *a, **kw: paged_calls.append(1) or paged(*a, **kw)
+        bwx_attn,
+        "launch_paged_attention",
+        lambda *a, **kw: paged_calls.append(1) or paged(*a, **kw),
     )
     got, expected, md = _run_step(
         vllm_configs, [Request(0, 150), Request(0, 130)], kv_cache_dtype=kv_cache_dtype
@@ -597,9 +599,11 @@ def test_a_captured_graph_is_planned_for_max_model_len_and_eager_batches_for_the
         slot_mapping=torch.zeros(2, dtype=torch.int64),
         causal=True,
     )
-    assert builder.build(0, common).num_splits == builder.plan(2, 1, 300) == 1
+    assert builder.build(0, common).plan == builder.plan(2, 1, 300)
+    assert builder.plan(2, 1, 300).num_splits == 1
     captured = builder.build_for_cudagraph_capture(common)
-    assert captured.num_splits == builder.plan(2, 1, MAX_MODEL_LEN) > 1
+    assert captured.plan == builder.plan(2, 1, MAX_MODEL_LEN)
+    assert captured.num_splits > 1
     assert captured.max_seq_len == MAX_MODEL_LEN
 
 

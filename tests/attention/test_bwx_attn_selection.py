@@ -153,14 +153,16 @@ def test_vllm_gives_bwx_attn_whole_tma_tile_pages_on_hopper_only(
     ours answers 128 (whole TMA prefill tiles) on Hopper, vLLM's default elsewhere and on the
     CPU platform."""
     from vllm.config import CacheConfig
-    from vllm_blackwell_ext.kernels.paged_attention_configs import PREFILL_WIDE_TILE_N
 
     from vllm_blackwell_ext.attention import bwx_attn
+    from vllm_blackwell_ext.kernels.paged_attention import tuning_for
 
     default = CacheConfig.DEFAULT_BLOCK_SIZE
     assert bwx_attn.BwxAttentionBackend.get_preferred_block_size(default) == default  # CPU
     stub_capability(monkeypatch, cuda_platform, SUPPORTED_CAPABILITIES[capability])
     monkeypatch.setattr(bwx_attn, "current_platform", cuda_platform())
     pages = bwx_attn.BwxAttentionBackend.get_preferred_block_size(default)
-    assert pages == (max(default, PREFILL_WIDE_TILE_N) if capability == "sm90" else default)
+    assert pages == (
+        max(default, tuning_for("sm90").prefill_wide_tile_n) if capability == "sm90" else default
+    )
     assert bwx_attn.BwxAttentionBackend.supports_block_size(pages)

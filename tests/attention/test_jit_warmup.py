@@ -19,13 +19,6 @@ from vllm.config import CacheConfig, DeviceConfig, ModelConfig, VllmConfig  # no
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase  # noqa: E402
 from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
-from vllm_blackwell_ext.kernels.paged_attention_configs import (  # noqa: E402
-    MERGE_IN_KERNEL_MAX_SPLITS,
-    SPLIT_KV_MAX_QUERY_LEN,
-    plan_split_kv,
-    select_config,
-    split_kv_max_tokens,
-)
 
 from vllm_blackwell_ext.attention import bwx_attn, jit_warmup  # noqa: E402
 from vllm_blackwell_ext.attention.bwx_attn import (  # noqa: E402
@@ -37,6 +30,13 @@ from vllm_blackwell_ext.attention.fresh_prefill_switch import FRESH_PREFILL_ENV 
 from vllm_blackwell_ext.kernels.device import DeviceInfo  # noqa: E402
 from vllm_blackwell_ext.kernels.mla_decode import MAX_SPLITS, merge_config  # noqa: E402
 from vllm_blackwell_ext.kernels.mla_decode_configs import get_mla_decode_config  # noqa: E402
+from vllm_blackwell_ext.kernels.paged_attention import (  # noqa: E402
+    SPLIT_KV_MAX_QUERY_LEN,
+    plan_split_kv,
+    split_kv_max_tokens,
+    tuning_for,
+)
+from vllm_blackwell_ext.kernels.paged_attention.configs import select_config  # noqa: E402
 
 H200 = DeviceInfo("NVIDIA H200", (9, 0), num_sms=132, smem_per_block=232_448)
 QWEN3_8B = jit_warmup.AttentionLayerKind(
@@ -118,7 +118,7 @@ def test_decode_warmup_at_8_kv_heads_takes_each_merge():
     assert [k.num_splits for k in paged if k.max_seqlen_q == 1] == [
         1,
         2,
-        MERGE_IN_KERNEL_MAX_SPLITS + 1,
+        tuning_for("sm90").merge_in_kernel_max_splits + 1,
     ]
 
 

@@ -28,7 +28,14 @@ from vllm_blackwell_ext.kernels.fresh_prefill import (
     fresh_prefill_supported,
     has_fresh_prefill,
 )
-from vllm_blackwell_ext.kernels.paged_attention import paged_attention
+from vllm_blackwell_ext.kernels.paged_attention import (
+    AttnShape,
+    LayerOptions,
+    launch_paged_attention,
+    paged_attention,
+    paged_cache_layout,
+    plan_paged_attention,
+)
 from vllm_blackwell_ext.reference.paged_attention import paged_attention_ref
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
@@ -180,10 +187,13 @@ def test_paged_kernel_leaves_fresh_requests_to_fresh_prefill():
     full = torch.full_like(q, float("nan"))
     paged_attention(q, *args, full, *index, table.to(DEVICE), **kw)
     skipped = torch.full_like(q, float("nan"))
-    paged_attention(
-        q, *args, skipped, *index, table.to(DEVICE), skip_fresh_from=FRESH_PREFILL_MIN_QUERY_LEN,
-        **kw,
+    layout = paged_cache_layout(*args)
+    plan = plan_paged_attention(
+        AttnShape.of_layout(device_info(DEVICE), q, layout), num_tokens=q.shape[0],
+        max_seqlen_q=kw["max_seqlen_q"], max_seqlen_k=kw["max_seqlen_k"],
     )  # fmt: skip
+    layer = LayerOptions(softmax_scale=0.125, skip_fresh_from=FRESH_PREFILL_MIN_QUERY_LEN)
+    launch_paged_attention(plan, q, layout, skipped, *index, table.to(DEVICE), layer)
     fresh = {1}  # the rule: no cached context and at least FRESH_PREFILL_MIN_QUERY_LEN queries
     bounds = cu.tolist()
     for b in range(len(q_lens)):

@@ -24,7 +24,7 @@ import torch
 from vllm.model_executor.warmup.jit_warmup import VllmJitKernel
 
 from vllm_blackwell_ext.attention.fresh_prefill_switch import fresh_prefill_enabled
-from vllm_blackwell_ext.kernels.device import DeviceInfo
+from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
 from vllm_blackwell_ext.kernels.fresh_prefill import (
     FRESH_PREFILL_MIN_QUERY_LEN,
     fresh_prefill,
@@ -37,9 +37,12 @@ from vllm_blackwell_ext.kernels.paged_attention import (
     SPLIT_KV_MAX_QUERY_LEN,
     AttnConfig,
     AttnShape,
-    paged_attention,
+    KernelLaunch,
+    LayerOptions,
+    paged_cache_layout,
     plan_paged_attention,
     plan_split_kv,
+    planned_launches,
     split_kv_max_tokens,
 )
 
@@ -179,6 +182,15 @@ def launch_paged_attention_warmup(
     if isinstance(key, FreshPrefillKey):
         launch_fresh_prefill_warmup(key, device)
         return
+    for launch in paged_attention_warmup_launches(key, device):
+        launch.run()
+
+
+def paged_attention_warmup_launches(
+    key: PagedAttentionKey, device: torch.device, info: DeviceInfo | None = None
+) -> list[KernelLaunch]:
+    """The launches of the key's variant over scratch (one request of a few pages), planned
+    as the layer's metadata builder plans on `info`'s device (default: `device`'s)."""
     layer = key.layer
     q_len, bs = key.max_seqlen_q, layer.block_size
     seq_len = q_len + bs  # some cached context before the queries
@@ -190,35 +202,29 @@ def launch_paged_attention_warmup(
     kv = torch.zeros(
         (pages + 1, layer.num_kv_heads, bs, hs_k + hs_v), dtype=storage, device=device
     ).view(layer.kv_dtype)
-    key_cache, value_cache = kv.transpose(1, 2).split([hs_k, hs_v], dim=-1)
+    cache = paged_cache_layout(*kv.transpose(1, 2).split([hs_k, hs_v], dim=-1))
     q = torch.zeros((q_len, layer.num_q_heads, hs_k), dtype=layer.q_dtype, device=device)
     out = torch.empty((q_len, layer.num_q_heads, hs_v), dtype=layer.q_dtype, device=device)
-    fp8 = layer.kv_dtype.itemsize == 1
-    scale = torch.ones(1, dtype=torch.float32, device=device) if fp8 else None
-    int32 = {"dtype": torch.int32, "device": device}
-    paged_attention(
-        q,
-        key_cache,
-        value_cache,
-        out,
-        torch.tensor([0, q_len], **int32),
-        torch.tensor([seq_len], **int32),
-        torch.arange(1, pages + 1, **int32).view(1, pages),
-        max_seqlen_q=q_len,
-        max_seqlen_k=seq_len,
+    scale = torch.ones(1, dtype=torch.float32, device=device) if storage == torch.uint8 else None
+    sinks = torch.zeros(layer.num_q_heads, dtype=torch.float32, device=device)
+    options = LayerOptions(
         softmax_scale=1.0 / math.sqrt(layer.head_size),
         causal=layer.causal,
         sliding_window=layer.sliding_window,
-        sinks=(
-            torch.zeros(layer.num_q_heads, dtype=torch.float32, device=device)
-            if layer.has_sinks
-            else None
-        ),
         softcap=layer.softcap,
+        sinks=sinks if layer.has_sinks else None,
         k_scale=scale,
         v_scale=scale,
-        num_splits=key.num_splits,
     )
+    plan = plan_paged_attention(
+        layer.shape(info or device_info(device)), num_tokens=q_len, max_seqlen_q=q_len,
+        max_seqlen_k=seq_len, num_splits=key.num_splits,
+    )  # fmt: skip
+    int32 = {"dtype": torch.int32, "device": device}
+    return planned_launches(
+        plan, q, cache, out, torch.tensor([0, q_len], **int32), torch.tensor([seq_len], **int32),
+        torch.arange(1, pages + 1, **int32).view(1, pages), options,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
