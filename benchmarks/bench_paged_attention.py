@@ -51,16 +51,19 @@ from benchmarks.vllm_peer import load_vllm_peer, peer_not_run_note
 from vllm_blackwell_ext.kernels.device import device_info
 from vllm_blackwell_ext.kernels.fresh_prefill import (
     FRESH_PREFILL_MIN_QUERY_LEN,
-    fresh_prefill,
     fresh_prefill_config,
     fresh_prefill_supported,
+    launch_fresh_prefill,
+    plan_fresh_prefill,
 )
 from vllm_blackwell_ext.kernels.paged_attention import (
+    AttnConfig,
+    AttnShape,
+    LayerOptions,
     SplitKVWorkspace,
-    launch_config,
-    paged_attention,
+    launch_paged_attention,
     paged_cache_layout,
-    plan_split_kv,
+    plan_paged_attention,
 )
 
 HQ, HKV, D, BS = 32, 8, 128, 16
@@ -192,29 +195,46 @@ def fresh_kv(c: Case, x: Inputs) -> tuple[torch.Tensor, torch.Tensor] | None:
     )
 
 
-def ours_fn(c: Case, x: Inputs, ws: SplitKVWorkspace, **kw):
-    """What BWX_ATTN's forward launches (fresh prefill on, the default): the paged kernel over
-    the cache's layout made once, and `fresh_prefill` for prompts without cached context where
-    the device takes it (the paged kernel then skips them; every case's requests are alike, so
-    a case the fresh kernel takes leaves the paged kernel nothing and launches it not).
-    `cache_layout=None` in `kw` derives the layout per call instead."""
+def ours_fn(
+    c: Case,
+    x: Inputs,
+    ws: SplitKVWorkspace,
+    *,
+    config: AttnConfig | None = None,
+    num_splits: int | None = None,
+    compiled: list | None = None,
+):
+    """What BWX_ATTN runs: the batch's plan made once (as its metadata builder does), then
+    launched over the cache's layout made once (as each layer's forward does), and
+    `fresh_prefill` for prompts without cached context where the device takes it (the paged
+    kernel then skips them; every case's requests are alike, so a case the fresh kernel takes
+    leaves the paged kernel nothing and launches it not). `config` and `num_splits` override
+    the plan's (tuning); `compiled`, a list, receives the compiled handles."""
     fresh = fresh_kv(c, x)
-    layout = kw.pop("cache_layout") if "cache_layout" in kw else paged_cache_layout(x.k, x.v)
-    check = kw.pop("check_inputs", True)
+    info = device_info(x.q.device)
+    layout = paged_cache_layout(x.k, x.v)
+    plan = plan_paged_attention(
+        AttnShape.of_layout(info, x.q, layout), num_tokens=x.q.shape[0],
+        max_seqlen_q=x.max_seqlen_q, max_seqlen_k=c.ctx, num_splits=num_splits, config=config,
+        max_splits=ws.max_splits, max_rows=ws.max_rows,
+    )  # fmt: skip
+    layer = LayerOptions(
+        D**-0.5, causal=c.causal, sliding_window=c.window, k_scale=x.k_scale, v_scale=x.v_scale
+    )
+    fresh_plan = plan_fresh_prefill(info, num_q_heads=HQ, num_kv_heads=HKV, head_size=D)
+    handles = compiled if compiled is not None else []
 
     def fn() -> None:
         if fresh is None:
-            paged_attention(
-                x.q, x.k, x.v, x.out, x.cu, x.seq_lens, x.block_table,
-                max_seqlen_q=x.max_seqlen_q, max_seqlen_k=c.ctx, softmax_scale=D**-0.5,
-                causal=c.causal, sliding_window=c.window, k_scale=x.k_scale, v_scale=x.v_scale,
-                workspace=ws, cache_layout=layout, check_inputs=check, **kw,
-            )  # fmt: skip
-        else:
-            fresh_prefill(
-                x.q, *fresh, x.out, x.cu, x.seq_lens, softmax_scale=D**-0.5, check_inputs=check
+            handles[:] = launch_paged_attention(
+                plan, x.q, layout, x.out, x.cu, x.seq_lens, x.block_table, layer, workspace=ws
             )
+        else:
+            handles[:] = [
+                launch_fresh_prefill(fresh_plan, x.q, *fresh, x.out, x.cu, x.seq_lens, D**-0.5)
+            ]
 
+    fn.plan = plan  # type: ignore[attr-defined]
     return fn
 
 
@@ -332,12 +352,10 @@ def compiled_stats(c: Case, x: Inputs, ws: SplitKVWorkspace) -> str:
         cfg = fresh_prefill_config(device_info(x.q.device))
         return f"prompts through fresh_prefill (TMA) alone: {cfg}"
     handles: list = []
-    ours_fn(c, x, ws, compiled=handles)()
+    fn = ours_fn(c, x, ws, compiled=handles)
+    fn()
     h = handles[0]
-    splits = plan_split_kv(
-        x.q.shape[0], c.q_len, c.ctx, HKV, device_info(x.q.device), kv_elem=x.k.element_size()
-    )
-    cfg = launch_config(x.q, x.k, x.v, c.q_len, split_kv=splits > 1)
+    cfg, splits = fn.plan.config, fn.plan.num_splits
     return (f"{cfg} splits={splits} shared={h.metadata.shared} regs={getattr(h, 'n_regs', '?')} "
             f"spills={getattr(h, 'n_spills', '?')}")  # fmt: skip
 
@@ -355,10 +373,8 @@ def sweep(ws: SplitKVWorkspace, budget_s: float) -> None:
     ]
     for c in picks:
         x = Inputs(c)
-        plan = plan_split_kv(
-            x.q.shape[0], c.q_len, c.ctx, HKV, device_info(x.q.device), kv_elem=x.k.element_size()
-        )
-        base = launch_config(x.q, x.k, x.v, c.q_len, split_kv=plan > 1)
+        planned = ours_fn(c, x, ws).plan
+        plan, base = planned.num_splits, planned.config
         variants = [(base, plan)]
         if c.fp8:
             for tile in (64, 128, 256):
@@ -429,7 +445,7 @@ def host_rows(
     c: Case, x: Inputs, ws: SplitKVWorkspace, peer: PeerVllm | None, fa3: FlashAttn3Paged | None
 ) -> list[Row]:
     """Host time, back-to-back eager time and CUDA-graph replay of ours and the peers."""
-    fns = {"ours": ours_fn(c, x, ws, check_inputs=False)}
+    fns = {"ours": ours_fn(c, x, ws)}
     if peer is not None:
         fns[PEER] = peer.make(c, x)
     if fa3 is not None:

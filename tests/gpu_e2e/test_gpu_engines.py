@@ -79,19 +79,21 @@ COMPILED_WHILE_SERVING = re.compile(r"Triton kernel JIT compilation during infer
 
 
 def _our_triton_kernels() -> set[str]:
+    """The names of every jit kernel in the package's kernel modules."""
+    import importlib
+    import pkgutil
+
     import triton
 
-    from vllm_blackwell_ext.kernels import (
-        fresh_prefill,
-        kv_gather,
-        mla_decode,
-        mla_decode_gluon,
-        paged_attention,
-    )
+    from vllm_blackwell_ext import kernels
 
+    modules = [
+        importlib.import_module(info.name)
+        for info in pkgutil.walk_packages(kernels.__path__, kernels.__name__ + ".")
+    ]
     return {
         obj.fn.__name__
-        for module in (fresh_prefill, kv_gather, mla_decode, mla_decode_gluon, paged_attention)
+        for module in modules
         for obj in vars(module).values()
         if isinstance(obj, triton.runtime.JITFunction)
     }
@@ -157,9 +159,9 @@ def test_chunks_after_cached_context_read_whole_page_tiles_through_tma_on_hopper
     # resolves; prompt chunks after the first read their cached context as whole TMA tiles
     # there, held to FLASH_ATTN by the tests above. fp8 caches gather.
     import torch
-    from vllm_blackwell_ext.kernels.paged_attention_configs import PREFILL_TMA_MIN_TRITON
 
     from vllm_blackwell_ext.kernels.launch_cache import triton_version
+    from vllm_blackwell_ext.kernels.paged_attention import PREFILL_TMA_MIN_TRITON
 
     hopper = torch.cuda.get_device_capability() == (9, 0)
     takes = hopper and triton_version() >= PREFILL_TMA_MIN_TRITON

@@ -1,7 +1,7 @@
 """Whether BWX_ATTN hands prompts without cached context to `fresh_prefill` (TMA).
 
 On unless BWX_ATTN_FRESH_PREFILL=0 in the engine's environment (it applies where the device and
-the layer allow: `kernels/fresh_prefill.py`'s `fresh_prefill_supported`). The switch exists to
+the layer allow: `kernels/fresh_prefill`'s `fresh_prefill_supported`). The switch exists to
 compare against the paged kernel and to step around the TMA path if it ever misbehaves. One
 switch for the metadata builder, which plans it, and the JIT warm-up, which compiles it.
 """
