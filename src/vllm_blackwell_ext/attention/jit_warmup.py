@@ -24,6 +24,7 @@ import torch
 from vllm.model_executor.warmup.jit_warmup import VllmJitKernel
 
 from vllm_blackwell_ext.attention.fresh_prefill_switch import fresh_prefill_enabled
+from vllm_blackwell_ext.attention.layer_overrides import LAYER_CAUSAL_ATTR, LAYER_WINDOW_ATTR
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
 from vllm_blackwell_ext.kernels.fresh_prefill import (
     FRESH_PREFILL_MIN_QUERY_LEN,
@@ -95,6 +96,32 @@ class AttentionLayerKind:
             "has_sinks": self.has_sinks,
             "softcap": self.softcap,
         }
+
+
+def attention_layer_kinds(
+    layers: list[Any], model_dtype: torch.dtype, head_size_v: int, block_size: int
+) -> set[AttentionLayerKind]:
+    """The distinct launch specialisations of BWX_ATTN layers (vLLM attention layers whose
+    `impl` is a `BwxAttentionImpl`), for JIT warm-up."""
+    kinds = set()
+    for layer in layers:
+        impl = layer.impl
+        kinds.add(
+            AttentionLayerKind(
+                q_dtype=model_dtype,
+                kv_dtype=impl.fp8_dtype or model_dtype,
+                num_q_heads=impl.num_heads,
+                num_kv_heads=impl.num_kv_heads,
+                head_size=impl.head_size,
+                head_size_v=head_size_v,
+                block_size=block_size,
+                causal=getattr(layer, LAYER_CAUSAL_ATTR, None) is not False,
+                sliding_window=getattr(layer, LAYER_WINDOW_ATTR, impl.sliding_window),
+                has_sinks=impl.sinks is not None,
+                softcap=impl.logits_soft_cap,
+            )
+        )
+    return kinds
 
 
 @dataclass(frozen=True)

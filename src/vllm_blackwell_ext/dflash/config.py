@@ -329,123 +329,24 @@ def normalize_dflash_config(config: Any) -> DFlashPlan:
     Raises ValueError naming the field for anything missing or inconsistent.
     """
     raw = _as_dict(config)
-    if raw.get("speculators_model_type") is not None:
-        if raw["speculators_model_type"] != "dflash":
-            raise ValueError(
-                f"speculators_model_type must be 'dflash' for a DFlash draft; "
-                f"got {raw['speculators_model_type']!r}"
-            )
-        cfg, dflash = _from_speculators(raw)
-        source_format = "speculators"
-    else:
-        cfg = raw
-        dflash_raw = raw.get("dflash_config") or {}
-        if not isinstance(dflash_raw, Mapping):
-            raise ValueError(f"dflash_config must be a mapping; got {type(dflash_raw).__name__}")
-        dflash = dict(dflash_raw)
-        source_format = "dflash"
-
-    hidden = _int_field("hidden_size", _required(cfg, "hidden_size"), minimum=1)
-    num_layers = _int_field("num_hidden_layers", _required(cfg, "num_hidden_layers"), minimum=1)
-    num_heads = _int_field("num_attention_heads", _required(cfg, "num_attention_heads"), minimum=1)
-    num_kv = _int_field(
-        "num_key_value_heads", cfg.get("num_key_value_heads") or num_heads, minimum=1
-    )
-    if num_heads % num_kv:
-        raise ValueError(
-            f"num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads "
-            f"({num_kv})"
-        )
-    head_dim = cfg.get("head_dim") or hidden // num_heads
-    head_dim = _int_field("head_dim", head_dim, minimum=1)
-    vocab = _int_field("vocab_size", _required(cfg, "vocab_size"), minimum=1)
-    inter = _int_field("intermediate_size", _required(cfg, "intermediate_size"), minimum=1)
-
-    # target_layer_ids: dflash_config, then top level. No fallback formula, on purpose.
-    ids = dflash.get("target_layer_ids", cfg.get("target_layer_ids"))
-    if ids is None:
-        raise ValueError(
-            "DFlash draft config is missing dflash_config.target_layer_ids (the target layers "
-            "whose hidden states feed the draft); refusing to guess a layer list"
-        )
-    if not isinstance(ids, (list, tuple)) or not ids:
-        raise ValueError(f"dflash_config.target_layer_ids must be a non-empty list; got {ids!r}")
-    target_layer_ids = tuple(
-        _int_field("dflash_config.target_layer_ids[]", i, minimum=0) for i in ids
-    )
-    if len(set(target_layer_ids)) != len(target_layer_ids):
-        raise ValueError(
-            f"dflash_config.target_layer_ids must not repeat a layer; got {list(target_layer_ids)}"
-        )
-
-    mask = dflash.get("mask_token_id", cfg.get("mask_token_id"))
-    if mask is None:
-        raise ValueError("DFlash draft config is missing dflash_config.mask_token_id")
-    mask = _int_field("dflash_config.mask_token_id", mask)
-    if not 0 <= mask < vocab:
-        raise ValueError(
-            f"dflash_config.mask_token_id must be in the vocabulary [0, {vocab}); got {mask}"
-        )
-
-    top_b, nested_b = cfg.get("block_size"), dflash.get("block_size")
-    if top_b is not None and nested_b is not None and top_b != nested_b:
-        raise ValueError(f"block_size {top_b} disagrees with dflash_config.block_size {nested_b}")
-    block = top_b if top_b is not None else nested_b
-    if block is not None:
-        block = _int_field("block_size", block, minimum=2)
+    cfg, dflash, source_format = _split_sections(raw)
+    dims = _model_dims(cfg)
+    target_layer_ids = _target_layer_ids(cfg, dflash)
+    mask = _mask_token_id(cfg, dflash, dims["vocab_size"])
+    block = _block_size(cfg, dflash)
     _refuse_unimplemented(cfg, dflash)
-    quantization = raw.get("quantization_config") or cfg.get("quantization_config")
-    if quantization:
-        method = (
-            quantization.get("quant_method", quantization)
-            if isinstance(quantization, Mapping)
-            else quantization
-        )
-        raise ValueError(
-            f"quantization_config ({method!r}): this DFlash draft loads unquantized weights "
-            "only; refusing a quantized checkpoint rather than misreading its packed tensors"
-        )
-
-    num_target_layers = cfg.get("num_target_layers")
-    if num_target_layers is not None:
-        num_target_layers = _int_field("num_target_layers", num_target_layers, minimum=1)
-        bad = [i for i in target_layer_ids if i >= num_target_layers]
-        if bad:
-            raise ValueError(
-                f"dflash_config.target_layer_ids {list(target_layer_ids)} reach past "
-                f"num_target_layers {num_target_layers}: {bad}"
-            )
-
+    _refuse_quantized(raw, cfg)
+    num_target_layers = _num_target_layers(cfg, target_layer_ids)
     target_hidden = _int_field(
-        "target_hidden_size", cfg.get("target_hidden_size") or hidden, minimum=1
+        "target_hidden_size", cfg.get("target_hidden_size") or dims["hidden_size"], minimum=1
     )
     rope_params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     rope_theta = cfg.get("rope_theta") or rope_params.get("rope_theta") or 1_000_000.0
-    layers = _resolve_layers(cfg, dflash, num_layers)
-    short = [
-        lp.index
-        for lp in layers
-        if block is not None and not lp.causal and lp.sliding_window is not None
-        and lp.sliding_window < block
-    ]  # fmt: skip
-    if short:
-        # Non-causal windows bound only the past here; trainers that also bound the future
-        # (z-lab's mask, vLLM's FlashAttention) differ once the window is shorter than a block.
-        raise ValueError(
-            f"non-causal sliding layers {short} have a window shorter than block_size {block}: "
-            "where the window bounds the future too (as the draft's trainer may have) results "
-            "would differ; refusing"
-        )
-
+    layers = _resolve_layers(cfg, dflash, dims["num_hidden_layers"])
+    _refuse_short_noncausal_windows(layers, block)
     return DFlashPlan(
         source_format=source_format,
-        hidden_size=hidden,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv,
-        head_dim=head_dim,
-        intermediate_size=inter,
-        vocab_size=vocab,
+        **dims,
         rms_norm_eps=float(cfg.get("rms_norm_eps") or 1e-6),
         rope_theta=float(rope_theta),
         attention_bias=bool(cfg.get("attention_bias", False)),
@@ -464,6 +365,134 @@ def normalize_dflash_config(config: Any) -> DFlashPlan:
             else float(dflash["attention_value_scale"])
         ),
     )
+
+
+def _split_sections(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """(model fields, DFlash fields, source format) of a z-lab or speculators config."""
+    if raw.get("speculators_model_type") is not None:
+        if raw["speculators_model_type"] != "dflash":
+            raise ValueError(
+                f"speculators_model_type must be 'dflash' for a DFlash draft; "
+                f"got {raw['speculators_model_type']!r}"
+            )
+        cfg, dflash = _from_speculators(raw)
+        return cfg, dflash, "speculators"
+    dflash_raw = raw.get("dflash_config") or {}
+    if not isinstance(dflash_raw, Mapping):
+        raise ValueError(f"dflash_config must be a mapping; got {type(dflash_raw).__name__}")
+    return raw, dict(dflash_raw), "dflash"
+
+
+def _model_dims(cfg: Mapping[str, Any]) -> dict[str, int]:
+    """The draft's sizes, by `DFlashPlan` field name."""
+    hidden = _int_field("hidden_size", _required(cfg, "hidden_size"), minimum=1)
+    num_layers = _int_field("num_hidden_layers", _required(cfg, "num_hidden_layers"), minimum=1)
+    num_heads = _int_field("num_attention_heads", _required(cfg, "num_attention_heads"), minimum=1)
+    num_kv = _int_field(
+        "num_key_value_heads", cfg.get("num_key_value_heads") or num_heads, minimum=1
+    )
+    if num_heads % num_kv:
+        raise ValueError(
+            f"num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads "
+            f"({num_kv})"
+        )
+    head_dim = _int_field("head_dim", cfg.get("head_dim") or hidden // num_heads, minimum=1)
+    return {
+        "hidden_size": hidden,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv,
+        "head_dim": head_dim,
+        "intermediate_size": _int_field(
+            "intermediate_size", _required(cfg, "intermediate_size"), minimum=1
+        ),
+        "vocab_size": _int_field("vocab_size", _required(cfg, "vocab_size"), minimum=1),
+    }
+
+
+def _target_layer_ids(cfg: Mapping[str, Any], dflash: Mapping[str, Any]) -> tuple[int, ...]:
+    """dflash_config's target_layer_ids, then the top level's. No fallback formula, on purpose."""
+    ids = dflash.get("target_layer_ids", cfg.get("target_layer_ids"))
+    if ids is None:
+        raise ValueError(
+            "DFlash draft config is missing dflash_config.target_layer_ids (the target layers "
+            "whose hidden states feed the draft); refusing to guess a layer list"
+        )
+    if not isinstance(ids, (list, tuple)) or not ids:
+        raise ValueError(f"dflash_config.target_layer_ids must be a non-empty list; got {ids!r}")
+    target_layer_ids = tuple(
+        _int_field("dflash_config.target_layer_ids[]", i, minimum=0) for i in ids
+    )
+    if len(set(target_layer_ids)) != len(target_layer_ids):
+        raise ValueError(
+            f"dflash_config.target_layer_ids must not repeat a layer; got {list(target_layer_ids)}"
+        )
+    return target_layer_ids
+
+
+def _mask_token_id(cfg: Mapping[str, Any], dflash: Mapping[str, Any], vocab: int) -> int:
+    mask = dflash.get("mask_token_id", cfg.get("mask_token_id"))
+    if mask is None:
+        raise ValueError("DFlash draft config is missing dflash_config.mask_token_id")
+    mask = _int_field("dflash_config.mask_token_id", mask)
+    if not 0 <= mask < vocab:
+        raise ValueError(
+            f"dflash_config.mask_token_id must be in the vocabulary [0, {vocab}); got {mask}"
+        )
+    return mask
+
+
+def _block_size(cfg: Mapping[str, Any], dflash: Mapping[str, Any]) -> int | None:
+    top_b, nested_b = cfg.get("block_size"), dflash.get("block_size")
+    if top_b is not None and nested_b is not None and top_b != nested_b:
+        raise ValueError(f"block_size {top_b} disagrees with dflash_config.block_size {nested_b}")
+    block = top_b if top_b is not None else nested_b
+    return None if block is None else _int_field("block_size", block, minimum=2)
+
+
+def _refuse_quantized(raw: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
+    quantization = raw.get("quantization_config") or cfg.get("quantization_config")
+    if quantization:
+        method = (
+            quantization.get("quant_method", quantization)
+            if isinstance(quantization, Mapping)
+            else quantization
+        )
+        raise ValueError(
+            f"quantization_config ({method!r}): this DFlash draft loads unquantized weights "
+            "only; refusing a quantized checkpoint rather than misreading its packed tensors"
+        )
+
+
+def _num_target_layers(cfg: Mapping[str, Any], target_layer_ids: tuple[int, ...]) -> int | None:
+    num_target_layers = cfg.get("num_target_layers")
+    if num_target_layers is None:
+        return None
+    num_target_layers = _int_field("num_target_layers", num_target_layers, minimum=1)
+    bad = [i for i in target_layer_ids if i >= num_target_layers]
+    if bad:
+        raise ValueError(
+            f"dflash_config.target_layer_ids {list(target_layer_ids)} reach past "
+            f"num_target_layers {num_target_layers}: {bad}"
+        )
+    return num_target_layers
+
+
+def _refuse_short_noncausal_windows(layers: tuple[LayerPlan, ...], block: int | None) -> None:
+    """Non-causal windows bound only the past here; trainers that also bound the future
+    (z-lab's mask, vLLM's FlashAttention) differ once the window is shorter than a block."""
+    short = [
+        lp.index
+        for lp in layers
+        if block is not None and not lp.causal and lp.sliding_window is not None
+        and lp.sliding_window < block
+    ]  # fmt: skip
+    if short:
+        raise ValueError(
+            f"non-causal sliding layers {short} have a window shorter than block_size {block}: "
+            "where the window bounds the future too (as the draft's trainer may have) results "
+            "would differ; refusing"
+        )
 
 
 def load_dflash_plan(path: str | os.PathLike[str]) -> DFlashPlan:
