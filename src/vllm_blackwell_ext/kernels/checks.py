@@ -1,9 +1,9 @@
 """Input validation of the kernels and ops: one message form, built only when a check fails.
 
-Every launcher validates its arguments on every call, so the success path must cost no more
-than the comparisons themselves: formatting the ~40 messages of a paged-attention launch
-eagerly cost about 0.2 ms of host time, more than a decode step's GPU time. Call `fail` from
-the failing branch, where its arguments (f-strings, shape tuples) are evaluated::
+Standalone calls validate their arguments on every call, so the success path must cost no
+more than the comparisons themselves: formatting the messages of a launch eagerly would cost
+more host time than a decode step's GPU time. Call `fail` from the failing branch, where its
+arguments (f-strings, shape tuples) are evaluated::
 
     if t.dtype != torch.int32:
         fail(TypeError, "block_table", "dtype torch.int32", t.dtype)

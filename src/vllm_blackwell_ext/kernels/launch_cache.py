@@ -2,9 +2,8 @@
 
 `kernel[grid](*args)` re-derives the specialisation of every argument on every call (dtype,
 16-byte alignment, int divisibility and width), hashes it and looks the binary up: for our
-kernels' 30-50 arguments that is most of an eager launch's host time (H200 host, Triton 3.6:
-51-61 us through the binder, 12-18 us through the compiled handle,
-`benchmarks/experiments/attn_host_profile.py`). Eager launches are what vLLM runs for mixed
+kernels' 30-50 arguments that is most of an eager launch's host time (measured: see
+benchmarks/README.md, "Routes tried"). Eager launches are what vLLM runs for mixed
 prefill/decode batches on every attention layer.
 
 `CachedLauncher` keys each compiled handle by a superset of what Triton specialises on (each
@@ -16,9 +15,8 @@ cached launch calls the handle's C launcher itself with each tensor's address as
 (which the key has already read) and the current stream of the tensors' device: Triton's
 handle would otherwise call `data_ptr()` and ask the driver about every pointer again
 (`cuPointerGetAttribute`), look the device and stream up in Python and build launch metadata
-for hooks that, unless a profiler registered one, do nothing (H200 host, one decode launch:
-18.2 us with tensors through `handle[grid]`, 13.0 with addresses, 8.5 with addresses
-straight into the C launcher). While a launch hook is registered (Triton's profilers),
+for hooks that, unless a profiler registered one, do nothing (each of those steps costs
+host time on every eager launch). While a launch hook is registered (Triton's profilers),
 launches go through `handle[grid]` so the hooks see them. Under the CPU interpreter (no
 compiled handles) and on Triton older than 3.4 (whose launchers take arguments differently)
 every call goes through Triton.

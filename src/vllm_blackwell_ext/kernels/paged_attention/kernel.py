@@ -41,10 +41,10 @@ from vllm_blackwell_ext.kernels.request_search import find_request
 
 # Ints that change from batch to batch (request count, split count and the partial-LSE strides
 # that follow it) are runtime values, not specialised on: eager mixed batches in vLLM bring any
-# of them at any time, and each new specialisation would compile (about a second on an H200)
-# in the middle of serving. The block-table row stride (pages per request, from the engine's
-# max_model_len) is read once per program: not specialised either, so a JIT warm-up on scratch
-# compiles exactly the variant the engine launches.
+# of them at any time, and each new specialisation would compile in the middle of serving.
+# The block-table row stride (pages per request, from the engine's max_model_len) is read once
+# per program: not specialised either, so a JIT warm-up on scratch compiles exactly the
+# variant the engine launches.
 @triton.jit(
     do_not_specialize=[
         "batch",

@@ -223,8 +223,8 @@ def _attend_tma_page_batches(
 ):
     """`attend_tiles` over TMA tiles, the page ids of PAGE_BATCH pages read in one vector load
     ahead of an inner loop over their tiles. A block-table read in each tile's own iteration
-    keeps Triton's pipeliner a stage short (offline sm90 compile, Triton 3.7.1: two K/V
-    buffers that way, three batched); here no tile's copy waits on one. The pipeline drains
+    keeps Triton's pipeliner a K/V stage short (seen in offline sm90 compiles); here no
+    tile's copy waits on one. The pipeline drains
     once per batch."""
     TILES_PER_PAGE: tl.constexpr = BLOCK_SIZE // TILE_N
     offs_t = tl.arange(0, TILE_N)
@@ -251,10 +251,3 @@ def _attend_tma_page_batches(
             acc, acc_odd = _tile_accumulate(acc, acc_odd, p, alpha, v, q, V_PAIRS)
             m_i = m_new
     return acc, acc_odd, l_i, m_i
-
-
-# Ints that change from batch to batch (request count, split count and the partial-LSE strides
-# that follow it) are runtime values, not specialised on: eager mixed batches in vLLM bring any
-# of them at any time, and each new specialisation would compile (about a second on an H200)
-# in the middle of serving. The block-table row stride (pages per request, from the engine's
-# max_model_len) is read once per program: not specialised either, so a JIT warm-up on scratch
