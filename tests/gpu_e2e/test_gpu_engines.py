@@ -83,11 +83,11 @@ def _our_triton_kernels() -> set[str]:
 
     from vllm_blackwell_ext.kernels import (
         fresh_prefill,
-        kv_gather,
         mla_decode,
         mla_decode_gluon,
         paged_attention,
     )
+    from vllm_blackwell_ext.kernels.kv_gather import kernel as kv_gather
 
     return {
         obj.fn.__name__
