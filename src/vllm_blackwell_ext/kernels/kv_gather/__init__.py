@@ -21,7 +21,13 @@ from .checks import (
     check_gather,
     debug_bounds_enabled,
 )
-from .configs import DEFAULT_GATHER_CONFIG, GATHER_CONFIGS, GatherConfig, format_entry, gather_config
+from .configs import (
+    DEFAULT_GATHER_CONFIG,
+    GATHER_CONFIGS,
+    GatherConfig,
+    format_entry,
+    gather_config,
+)
 from .launch import cp_gather_cache, gather_and_maybe_dequant_cache, launch_kv_gather
 from .plan import GatherPlan, entry_pieces, entry_width, plan_kv_gather
 

@@ -218,7 +218,9 @@ def _check_plain_cache(src_cache: torch.Tensor, kv_cache_dtype: str) -> None:
 def _check_dst_rows(dst: torch.Tensor, num_tokens: object) -> None:
     _check_count("num_tokens", num_tokens)
     if dst.dim() < 1 or dst.shape[0] < num_tokens:
-        fail(ValueError, "dst", f"at least num_tokens={num_tokens} rows", f"shape {tuple(dst.shape)}")
+        fail(
+            ValueError, "dst", f"at least num_tokens={num_tokens} rows", f"shape {tuple(dst.shape)}"
+        )
 
 
 def check_gather(

@@ -30,11 +30,12 @@ C = GatherConfig
 
 # One line per device class, in the form `format_entry` writes.
 # sm90: the best geometric mean of the tuning sweep on an H200 (B=8 ctx 32k, B=1 ctx 128k);
-# smaller tiles came close, evict-first hints and narrower pieces were slower.
+# smaller tiles came close, evict-first hints and narrower pieces were slower. cpu (Triton's
+# interpreter): big tiles, fewer interpreted programs.
 # fmt: off
 GATHER_CONFIGS: dict[str, GatherConfig] = {
     "sm90": C(block_t=4, max_piece=512, num_warps=2, evict_first=False),
-    "cpu": C(block_t=32, max_piece=1024, num_warps=4, evict_first=False),  # interpreter: big tiles
+    "cpu": C(block_t=32, max_piece=1024, num_warps=4, evict_first=False),
 }
 # fmt: on
 
