@@ -72,10 +72,14 @@ def launch_kv_gather(
         check_bounds_on_host(
             src_cache, block_table, cu_seq_lens, token_to_seq, num_rows, batch_size, seq_starts
         )
-    if plan.src_view is not None:
+    # Views cost host time: only where the dtype differs (vLLM often hands fp8 caches over
+    # already viewed as their fp8 type).
+    if plan.src_view is not None and src_cache.dtype != plan.src_view:
         src_cache = src_cache.view(plan.src_view)
-    if plan.dst_view is not None:
+    if plan.dst_view is not None and dst.dtype != plan.dst_view:
         dst = dst.view(plan.dst_view)
+    num_blocks, block_size = src_cache.shape[:2]
+    stride_src_block, stride_src_slot = src_cache.stride()[:2]
     # Unused pointer arguments get a real tensor of the right kind; constexprs keep them unread.
     args = {
         **plan.constexprs,
@@ -88,13 +92,13 @@ def launch_kv_gather(
         "scale_ptr": scale if plan.dequant else cu_seq_lens,
         "num_rows": num_rows,
         "batch_size": batch_size,
-        "search_steps": max(batch_size - 1, 0).bit_length(),
-        "block_size": src_cache.shape[1],
-        "num_blocks": src_cache.shape[0],
+        "search_steps": (batch_size - 1).bit_length(),
+        "block_size": block_size,
+        "num_blocks": num_blocks,
         "max_blocks_per_seq": block_table.shape[1],
         "stride_bt": block_table.stride(0),
-        "stride_src_block": src_cache.stride(0),
-        "stride_src_slot": src_cache.stride(1),
+        "stride_src_block": stride_src_block,
+        "stride_src_slot": stride_src_slot,
         "stride_dst_row": dst.stride(0),
     }
     _GATHER_LAUNCHER.launch_by_name(

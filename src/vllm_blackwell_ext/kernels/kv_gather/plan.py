@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -44,7 +43,8 @@ class GatherPlan:
     src_view: torch.dtype | None = None
     dst_view: torch.dtype | None = None
     num_stages: int = DEFAULT_NUM_STAGES
-    constexprs: MappingProxyType[str, Any] = field(init=False, compare=False, repr=False)
+    # Read-only by convention: a plain dict, since launches unpack it on every call.
+    constexprs: dict[str, Any] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         constexprs = {
@@ -58,7 +58,7 @@ class GatherPlan:
             "DEQUANT": self.dequant,
             "EVICT": "evict_first" if self.config.evict_first else "",
         }
-        object.__setattr__(self, "constexprs", MappingProxyType(constexprs))
+        object.__setattr__(self, "constexprs", constexprs)
 
     @property
     def num_warps(self) -> int:
