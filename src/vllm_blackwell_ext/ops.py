@@ -148,7 +148,7 @@ def _cp_gather_fake(
 # and nothing else (what `custom_op(mutates_args=("dst",))` would declare), so functionalization,
 # torch.compile and CUDA-graph capture treat it right. We register through `torch.library.Library`
 # rather than `custom_op`: the latter's Python wrappers (autograd, ADInplaceOrView, dynamo guard)
-# cost tens to hundreds of microseconds a call, more than a small gather takes on the GPU.
+# cost more host time a call than a small gather takes on the GPU.
 SCHEMAS = {
     "gather_and_maybe_dequant_cache": (
         "gather_and_maybe_dequant_cache(Tensor src_cache, Tensor(a!) dst, Tensor block_table, "
