@@ -447,9 +447,7 @@ def _graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
     with torch.cuda.graph(graph):
         fn()
     torch.cuda.synchronize()
-    replay = graph.replay
-    replay.graph = graph  # type: ignore[attr-defined]  (keeps the graph alive)
-    return replay
+    return graph.replay  # the bound method keeps the graph (and its memory pool) alive
 
 
 @dataclass
