@@ -11,6 +11,7 @@ even, as torch and vLLM's CUDA kernel do.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -436,3 +437,36 @@ def test_every_launch_config_gives_the_same_rows(cfg, device):
     ref = torch.full_like(out, FILL)
     gather_and_maybe_dequant_cache_ref(src, ref, bt, cu, t2s, 87, "fp8", scale, starts)
     assert torch.equal(out, ref)
+
+
+def test_plan_takes_the_device_entry_unless_a_config_is_given():
+    info = device_info("cpu")
+    plan = kvk.plan_kv_gather("fp8", torch.uint8, 576, True, info)
+    assert plan.config == kvk.gather_config(info.device_class)
+    assert (plan.piece, plan.main, plan.tail) == kvk.entry_pieces(576, plan.config.max_piece)
+    assert plan.dequant and plan.has_token_to_seq and plan.has_seq_starts
+    assert plan.src_view == torch.float8_e4m3fn and plan.dst_view is None
+    forced = kvk.GatherConfig(8, 64, 4, True)
+    tuned = kvk.plan_kv_gather("fp8", torch.uint8, 576, True, info, config=forced)
+    assert tuned.config == forced and tuned.constexprs["EVICT"] == "evict_first"
+    raw = kvk.plan_kv_gather(None, torch.float8_e5m2, 576, False, info)
+    assert not raw.dequant and not raw.has_token_to_seq
+    assert raw.src_view == raw.dst_view == torch.uint8  # fp8 bytes copied as bytes
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.entry = 1  # type: ignore[misc]
+
+
+def test_launch_refuses_tensors_its_plan_was_not_made_for(device):
+    src = torch.zeros(4, 16, 64, dtype=torch.bfloat16, device=device)
+    dst = torch.full((16, 64), FILL, dtype=torch.bfloat16, device=device)
+    bt = torch.zeros(1, 2, dtype=torch.int32, device=device)
+    cu = torch.tensor([0, 16], dtype=torch.int32, device=device)
+    t2s = torch.zeros(16, dtype=torch.int32, device=device)
+    no_starts = kvk.plan_kv_gather("auto", src.dtype, 64, False, device_info(src.device))
+    with pytest.raises(ValueError, match="seq_starts: expected None"):
+        kvk.launch_kv_gather(no_starts, src, dst, bt, cu, t2s, cu[:1], None, num_rows=16,
+                             batch_size=1)  # fmt: skip
+    with pytest.raises(ValueError, match="token_to_seq: expected a tensor"):
+        kvk.launch_kv_gather(no_starts, src, dst, bt, cu, None, None, None, num_rows=16,
+                             batch_size=1)  # fmt: skip
+    assert bool((dst == FILL).all())
