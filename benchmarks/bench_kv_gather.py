@@ -34,7 +34,15 @@ from benchmarks.harness import (
     report,
 )
 from benchmarks.vllm_peer import peer_not_run_note
-from vllm_blackwell_ext.kernels import kv_gather as kvk
+from vllm_blackwell_ext.kernels.device import device_info
+from vllm_blackwell_ext.kernels.kv_gather import (
+    GatherConfig,
+    GatherPlan,
+    format_entry,
+    launch_kv_gather,
+    plan_kv_gather,
+)
+from vllm_blackwell_ext.kernels.kv_gather import configs as gather_configs
 
 ENTRY = 576
 FP8 = {"fp8": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
@@ -102,9 +110,25 @@ def make_inputs(case: Case, device: str, seed: int = 0) -> dict:
     )
 
 
-def _ours(case: Case, x: dict):
+def plan_for(case: Case, x: dict, config: GatherConfig | None = None) -> GatherPlan:
+    """The plan the op makes for `case` (`config`: forced instead of the device's entry)."""
+    kv = None if case.kv == "cp" else case.kv
+    info = device_info(x["src"].device)
+    return plan_kv_gather(kv, x["src"].dtype, ENTRY, False, info, config=config)
+
+
+def _ours(case: Case, x: dict, config: GatherConfig | None = None):
+    """The op as vLLM calls it; with `config`, the same gather planned with that config."""
     from vllm_blackwell_ext import ops
 
+    if config is not None:
+        plan = plan_for(case, x, config)
+        t2s = None if case.kv == "cp" else x["t2s"]
+        rows = x["dst"].shape[0] if case.kv == "cp" else x["num_tokens"]
+        return lambda: launch_kv_gather(
+            plan, x["src"], x["dst"], x["bt"], x["cu"], t2s, None, x["scale"],
+            num_rows=rows, batch_size=case.batch,
+        )  # fmt: skip
     if case.kv == "cp":
         return lambda: ops.cp_gather_cache(x["src"], x["dst"], x["bt"], x["cu"], case.batch)
     return lambda: ops.gather_and_maybe_dequant_cache(
@@ -157,25 +181,25 @@ def _graphed(fn):
     return graph.replay
 
 
-def tune(device: str, cases: list[Case]) -> kvk.GatherConfig:
+TUNE_SHAPES = [(4, 512, 2), (4, 512, 4), (8, 512, 2), (8, 512, 4), (16, 512, 4), (16, 512, 8),
+               (32, 512, 8), (64, 512, 8), (32, 128, 4), (32, 64, 4),
+               (4, 512, 2, True), (8, 512, 4, True), (16, 512, 4, True)]  # fmt: skip
+
+
+def tune(device: str, cases: list[Case]) -> GatherConfig:
     """Time candidate launch configs on a few large cases; print them, return the one with the
-    best geometric-mean bandwidth. Every candidate's output must equal the default config's
-    (a tile-shape bug shows here)."""
-    default = kvk.default_config(torch.device(device))
-    shapes = [(4, 512, 2), (4, 512, 4), (8, 512, 2), (8, 512, 4), (16, 512, 4), (16, 512, 8),
-              (32, 512, 8), (64, 512, 8), (32, 128, 4), (32, 64, 4),
-              (4, 512, 2, True), (8, 512, 4, True), (16, 512, 4, True)]  # fmt: skip
-    cands = [kvk.GatherConfig(*s) for s in shapes]
-    score: dict[kvk.GatherConfig, list[float]] = {c: [] for c in cands}
+    best geometric-mean bandwidth. Every candidate's output must equal the device's current
+    config's (a tile-shape bug shows here)."""
+    cands = [GatherConfig(*s) for s in TUNE_SHAPES]
+    score: dict[GatherConfig, list[float]] = {c: [] for c in cands}
+    default = None
     for case in cases:
         x = make_inputs(case, device)
-        args = (x["bt"], x["cu"], x["t2s"], x["num_tokens"], case.kv, x["scale"], None)
+        default = plan_for(case, x).config
         want = torch.empty_like(x["dst"])
-        kvk.gather_and_maybe_dequant_cache(x["src"], want, *args, config=default)
+        _ours(case, {**x, "dst": want}, default)()
         for cfg in progress(cands, f"tune {case.name}"):
-            fn = lambda cfg=cfg, x=x, args=args: kvk.gather_and_maybe_dequant_cache(  # noqa: E731
-                x["src"], x["dst"], *args, config=cfg
-            )
+            fn = _ours(case, x, cfg)
             fn()
             ok = torch.equal(x["dst"], want)
             us = bench_us(fn, warmup_ms=10, rep_ms=40)
@@ -189,10 +213,26 @@ def tune(device: str, cases: list[Case]) -> kvk.GatherConfig:
         ),
         key=lambda r: -r[0],
     )
-    print(f"tuning on {[c.name for c in cases]} (default {default}); GB/s per case, geo-mean:")
+    print(f"tuning on {[c.name for c in cases]} (current {default}); GB/s per case, geo-mean:")
     for gm, cfg in ranked:
         print(f"  {' '.join(f'{q:8.1f}' for q in score[cfg])}  {gm:8.1f}  {cfg}")
     return ranked[0][1]
+
+
+def write_entry(device_class: str, config: GatherConfig) -> None:
+    """Put `config` in kernels/kv_gather/configs.py as `device_class`'s line."""
+    path = Path(gather_configs.__file__)
+    entry = format_entry(device_class, config)
+    lines = path.read_text().splitlines(keepends=True)
+    key = f'    "{device_class}": '
+    at = [i for i, line in enumerate(lines) if line.startswith(key)]
+    if at:
+        lines[at[0]] = entry + "\n"
+    else:  # a new class: after the table's opening line
+        start = next(i for i, line in enumerate(lines) if line.startswith("GATHER_CONFIGS"))
+        lines.insert(start + 1, entry + "\n")
+    path.write_text("".join(lines))
+    print(f"wrote {entry.strip()} to {path}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,6 +256,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="sweep launch configs first; the run then uses the fastest",
     )
+    ap.add_argument(
+        "--write",
+        action="store_true",
+        help="with --tune: put the fastest config in kernels/kv_gather/configs.py",
+    )
     ap.add_argument("--rep-ms", type=float, default=100.0)
     ap.add_argument("--device", default="cuda", help="'cpu' only smoke-tests (TRITON_INTERPRET=1)")
     args = ap.parse_args(argv)
@@ -230,11 +275,16 @@ def main(argv: list[str] | None = None) -> int:
     # dynamic (token count, batch), so the entry width and block size stay constants.
     compiled = torch.compile(gather_vectorised)
     notes: list[str] = []
+    config = None
+    device_class = device_info(torch.device(device)).device_class
     if args.tune:
-        # The sweep then runs with the fastest config (copy it into kvk._CONFIGS to keep it).
-        best = tune(device, [Case(8, 32768), Case(1, 131072)] if on_gpu else [Case(1, 256)])
-        kvk._CONFIGS[kvk.device_info(torch.device(device)).device_class] = best
-    notes.append(f"launch config: {kvk.default_config(torch.device(device))}")
+        # The sweep then runs with the fastest config; --write keeps it in configs.py.
+        config = tune(device, [Case(8, 32768), Case(1, 131072)] if on_gpu else [Case(1, 256)])
+        print("configs.py entry:\n" + format_entry(device_class, config))
+        if args.write:
+            write_entry(device_class, config)
+    shown_config = config or gather_configs.gather_config(device_class)
+    notes.append(f"launch config: {shown_config}")
     cache_ops, why = load_vllm_gather() if on_gpu else (None, "CPU run")
     if cache_ops is None:
         notes.append(peer_not_run_note(VLLM_PEER, why))
@@ -250,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     for case in progress(cases + small, "kv-gather"):
         x = make_inputs(case, device)
-        ours, peer = _ours(case, x), _peer(case, x, compiled)
+        ours, peer = _ours(case, x, config), _peer(case, x, compiled)
         ours()
         want = peer()
         if not torch.equal(x["dst"], want):

@@ -11,6 +11,7 @@ even, as torch and vLLM's CUDA kernel do.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -19,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_blackwell_ext.kernels import kv_gather as kvk
+from vllm_blackwell_ext.kernels.device import device_info
 from vllm_blackwell_ext.reference.kv_gather import (
     cp_gather_cache_ref,
     gather_and_maybe_dequant_cache_ref,
@@ -317,7 +319,10 @@ def test_kernel_skips_rows_whose_page_is_out_of_range_without_debug_mode(device,
     cu = torch.tensor([0, 32], dtype=torch.int32, device=device)
     bt = torch.tensor([[1, bad_page]], dtype=torch.int32, device=device)
     t2s = torch.zeros(32, dtype=torch.int32, device=device)
-    kvk.launch_kv_gather(src, dst, bt, cu, t2s, 32, 1, None, None, debug_bounds=False)
+    plan = kvk.plan_kv_gather("auto", src.dtype, 64, False, device_info(src.device))
+    kvk.launch_kv_gather(
+        plan, src, dst, bt, cu, t2s, None, None, num_rows=32, batch_size=1, debug_bounds=False
+    )
     assert torch.equal(dst[:16], src[1])
     assert bool((dst[16:] == FILL).all())
     raw = torch.full((32, 64), FILL, dtype=torch.bfloat16, device=device)
@@ -333,7 +338,10 @@ def test_kernel_skips_rows_with_bad_sequence_ids_and_positions_without_debug_mod
     t2s = torch.zeros(32, dtype=torch.int32, device=device)
     t2s[3], t2s[4] = -1, 7  # outside [0, batch)
     starts = torch.tensor([8], dtype=torch.int32, device=device)  # rows 24.. fall past 2 pages
-    kvk.launch_kv_gather(src, dst, bt, cu, t2s, 32, 1, starts, None, debug_bounds=False)
+    plan = kvk.plan_kv_gather("auto", src.dtype, 64, True, device_info(src.device))
+    kvk.launch_kv_gather(
+        plan, src, dst, bt, cu, t2s, starts, None, num_rows=32, batch_size=1, debug_bounds=False
+    )
     pages = torch.cat([src[1], src[2]])
     kept = [t for t in range(32) if t not in (3, 4) and t < 24]
     assert torch.equal(dst[kept], pages[[t + 8 for t in kept]])
@@ -341,11 +349,16 @@ def test_kernel_skips_rows_with_bad_sequence_ids_and_positions_without_debug_mod
 
 
 def test_entry_pieces_cover_every_column_once():
+    info = device_info("cpu")
     for entry in (1, 3, 40, 64, 320, 576, 1000, 2048, 3000):
         for max_piece in (64, 512, 1024):
-            piece, main, tail = kvk._pieces(entry, max_piece)
+            cfg = kvk.GatherConfig(4, max_piece, 2)
+            plan = kvk.plan_kv_gather("fp8", torch.uint8, entry, False, info, config=cfg)
+            piece, main, tail = plan.piece, plan.main, plan.tail
+            assert (piece, main, tail) == kvk.entry_pieces(entry, max_piece)
             assert main % piece == 0 and main <= entry and entry - main <= tail
             assert piece & (piece - 1) == 0 and (tail == 0 or tail & (tail - 1) == 0)
+            assert plan.constexprs["E"] == entry and plan.constexprs["PIECE"] == piece
 
 
 # ---- real sizes on the GPU (MLA shapes of the benchmark) ----
@@ -424,3 +437,36 @@ def test_every_launch_config_gives_the_same_rows(cfg, device):
     ref = torch.full_like(out, FILL)
     gather_and_maybe_dequant_cache_ref(src, ref, bt, cu, t2s, 87, "fp8", scale, starts)
     assert torch.equal(out, ref)
+
+
+def test_plan_takes_the_device_entry_unless_a_config_is_given():
+    info = device_info("cpu")
+    plan = kvk.plan_kv_gather("fp8", torch.uint8, 576, True, info)
+    assert plan.config == kvk.gather_config(info.device_class)
+    assert (plan.piece, plan.main, plan.tail) == kvk.entry_pieces(576, plan.config.max_piece)
+    assert plan.dequant and plan.has_token_to_seq and plan.has_seq_starts
+    assert plan.src_view == torch.float8_e4m3fn and plan.dst_view is None
+    forced = kvk.GatherConfig(8, 64, 4, True)
+    tuned = kvk.plan_kv_gather("fp8", torch.uint8, 576, True, info, config=forced)
+    assert tuned.config == forced and tuned.constexprs["EVICT"] == "evict_first"
+    raw = kvk.plan_kv_gather(None, torch.float8_e5m2, 576, False, info)
+    assert not raw.dequant and not raw.has_token_to_seq
+    assert raw.src_view == raw.dst_view == torch.uint8  # fp8 bytes copied as bytes
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.entry = 1  # type: ignore[misc]
+
+
+def test_launch_refuses_tensors_its_plan_was_not_made_for(device):
+    src = torch.zeros(4, 16, 64, dtype=torch.bfloat16, device=device)
+    dst = torch.full((16, 64), FILL, dtype=torch.bfloat16, device=device)
+    bt = torch.zeros(1, 2, dtype=torch.int32, device=device)
+    cu = torch.tensor([0, 16], dtype=torch.int32, device=device)
+    t2s = torch.zeros(16, dtype=torch.int32, device=device)
+    no_starts = kvk.plan_kv_gather("auto", src.dtype, 64, False, device_info(src.device))
+    with pytest.raises(ValueError, match="seq_starts: expected None"):
+        kvk.launch_kv_gather(no_starts, src, dst, bt, cu, t2s, cu[:1], None, num_rows=16,
+                             batch_size=1)  # fmt: skip
+    with pytest.raises(ValueError, match="token_to_seq: expected a tensor"):
+        kvk.launch_kv_gather(no_starts, src, dst, bt, cu, None, None, None, num_rows=16,
+                             batch_size=1)  # fmt: skip
+    assert bool((dst == FILL).all())

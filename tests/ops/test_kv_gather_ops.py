@@ -130,13 +130,18 @@ def test_compiled_caller_with_a_dynamic_token_count(device):
 
 def test_the_fake_checks_all_but_a_symbolic_token_count(device):
     # What tracing sees: num_tokens is a symbol (here a stand-in object), the rest is checked.
+    # The fake impl is exactly this call (`symbolic_tokens` set when num_tokens is no int).
     a = small_args(device)
     symbol = object()
-    ops._gather_fake(**{**a, "num_tokens": symbol})  # a valid call passes
+
+    def fake(**kw):
+        kvk.check_gather(**kw, symbolic_tokens=True)
+
+    fake(**{**a, "num_tokens": symbol})  # a valid call passes
     with pytest.raises(ValueError, match="kv_cache_dtype"):
-        ops._gather_fake(**{**a, "num_tokens": symbol, "kv_cache_dtype": "fp4"})
+        fake(**{**a, "num_tokens": symbol, "kv_cache_dtype": "fp4"})
     with pytest.raises(TypeError, match="block_table"):
-        ops._gather_fake(**{**a, "num_tokens": symbol, "block_table": a["block_table"].long()})
+        fake(**{**a, "num_tokens": symbol, "block_table": a["block_table"].long()})
 
 
 def _bad_gather_cases():
