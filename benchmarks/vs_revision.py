@@ -488,6 +488,73 @@ def time_case(bench: Any, case: Any, sides: dict[str, ModuleType], rep_ms: float
     )
 
 
+# ---- host time of BWX_ATTN's per-layer launch ----
+
+HOST_CASES = [
+    AttnCase("decode bf16 B=8 ctx=8k", 8, 8192, 1),
+    AttnCase("decode fp8 B=64 ctx=8k", 64, 8192, 1, fp8=True),
+    AttnCase("verify causal q=16 B=8 ctx=8k", 8, 8192, 16),
+    AttnCase("prefill chunk 512 after 1.5k ctx page=128", 1, 2048, 512, page=128),
+]
+
+
+def forward_launch(pkg: ModuleType, c: AttnCase, x: dict) -> Callable[[], Any]:
+    """What BWX_ATTN's forward launches per layer at `pkg`'s revision, the batch's plan made
+    beforehand (by the metadata builder, once per batch): with the plan API, the plan's launch;
+    before it, the kernel call with the builder's split count, inputs checked already."""
+    mod = module_of(pkg, "kernels.paged_attention")
+    info = module_of(pkg, "kernels.device").device_info(x["q"].device)
+    ws = mod.SplitKVWorkspace.for_device(c.hq, c.hkv, c.d, x["q"].device)
+    out = torch.zeros_like(x["q"])
+    layout = mod.paged_cache_layout(x["k"], x["v"])
+    tokens = x["q"].shape[0]
+    if hasattr(mod, "launch_paged_attention"):
+        shape = mod.AttnShape.of_layout(info, x["q"], layout)
+        plan = mod.plan_paged_attention(
+            shape, num_tokens=tokens, max_seqlen_q=c.q_len, max_seqlen_k=c.ctx,
+            max_splits=ws.max_splits, max_rows=ws.max_rows,
+        )  # fmt: skip
+        layer = mod.LayerOptions(c.d**-0.5, k_scale=x["k_scale"], v_scale=x["v_scale"])
+        args = (plan, x["q"], layout, out, x["cu"], x["seq_lens"], x["bt"], layer)
+        return lambda: mod.launch_paged_attention(*args, workspace=ws)
+    splits = mod.plan_split_kv(
+        tokens, c.q_len, c.ctx, c.hkv, info, kv_elem=x["k"].element_size()
+    )  # fmt: skip
+    return lambda: mod.paged_attention(
+        x["q"], x["k"], x["v"], out, x["cu"], x["seq_lens"], x["bt"], max_seqlen_q=c.q_len,
+        max_seqlen_k=c.ctx, softmax_scale=c.d**-0.5, k_scale=x["k_scale"], v_scale=x["v_scale"],
+        workspace=ws, num_splits=splits, check_inputs=False, cache_layout=layout,
+    )  # fmt: skip
+
+
+def host_us(fn: Callable[[], Any], n: int = 50, repeats: int = 9) -> float:
+    """Host wall time of one eager call, no synchronisation: the best of `repeats` bursts of
+    `n` calls, the GPU drained between bursts."""
+    import time
+
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return best / n * 1e6
+
+
+def time_host(case: AttnCase, sides: dict[str, ModuleType]) -> Timing:
+    """Host time per layer of BWX_ATTN's launch at both revisions, in alternating rounds."""
+    x = PagedAttention.inputs(case, "cuda")
+    fns = {label: forward_launch(pkg, case, x) for label, pkg in sides.items()}
+    best: dict[str, float] = {label: float("inf") for label in sides}
+    for order in (("old", "new"), ("new", "old"), ("old", "new")):
+        for label in order:
+            best[label] = min(best[label], host_us(fns[label]))
+    return Timing("paged_attention host", case.name, best["old"], best["new"], True)
+
+
 def _git(*args: str) -> str:
     try:
         done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
@@ -504,6 +571,9 @@ def _notes(rev: str, timings: Sequence[Timing]) -> list[str]:
         "loaded beside it in the same process, on the same inputs",
         "us = device time of one CUDA-graph replay: the median of do_bench (L2 flushed) in "
         "each of two rounds (old then new, new then old), the two medians averaged",
+        "paged_attention host rows (--host): host wall time of one eager per-layer launch as "
+        "BWX_ATTN's forward makes it at each revision (batch planned beforehand), the best of "
+        "9 bursts of 50 calls in three alternating rounds",
     ]
     for op in dict.fromkeys(t.op for t in timings):
         rs = [t.ratio for t in timings if t.op == op]
@@ -534,6 +604,12 @@ def run_timing(args: argparse.Namespace, argv: Sequence[str]) -> int:
             print(f"{op}: {t.case} | {t.old_us:.2f} | {t.new_us:.2f} | {t.ratio:.3f} | {same}",
                   flush=True)  # fmt: skip
             torch.cuda.empty_cache()
+    for case in HOST_CASES if args.host else []:
+        t = time_host(case, sides)
+        timings.append(t)
+        print(f"{t.op}: {t.case} | {t.old_us:.2f} | {t.new_us:.2f} | {t.ratio:.3f} | host",
+              flush=True)  # fmt: skip
+        torch.cuda.empty_cache()
     rows = [Row(f"{t.op}: {t.case}", "us", t.new_us, {args.rev: t.old_us}) for t in timings]
     # Where the files go does not change them: leave --out-dir out of the recorded command.
     shown = [a for i, a in enumerate(argv) if a != "--out-dir" and argv[i - 1 : i] != ["--out-dir"]]
@@ -567,6 +643,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--check", action="store_true", help="tiny cases, no timing: outputs must be bit-identical"
     )
     ap.add_argument("--rep-ms", type=float, default=100.0)
+    ap.add_argument(
+        "--host", action="store_true", help="also the host time of BWX_ATTN's per-layer launch"
+    )
     ap.add_argument("--out-dir", default="benchmarks/results")
     ap.add_argument("--gpu", default=None, help="name in the result files (default: detected)")
     args = ap.parse_args(argv)
