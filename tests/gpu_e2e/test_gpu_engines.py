@@ -84,14 +84,19 @@ def _our_triton_kernels() -> set[str]:
     from vllm_blackwell_ext.kernels import (
         fresh_prefill,
         kv_gather,
-        mla_decode,
-        mla_decode_gluon,
         paged_attention,
     )
+    from vllm_blackwell_ext.kernels.mla_decode import (
+        gluon_kernel,
+        merge_kernel,
+        split_fp8_kernel,
+        split_kernel,
+    )
 
+    mla_decode = (split_kernel, split_fp8_kernel, merge_kernel, gluon_kernel)
     return {
         obj.fn.__name__
-        for module in (fresh_prefill, kv_gather, mla_decode, mla_decode_gluon, paged_attention)
+        for module in (fresh_prefill, kv_gather, *mla_decode, paged_attention)
         for obj in vars(module).values()
         if isinstance(obj, triton.runtime.JITFunction)
     }

@@ -2,12 +2,14 @@
 
 What runs where:
 
-- decode (`forward_mqa`): `kernels.mla_decode.mla_decode`, a head-tiled split-KV kernel on
-  bf16 or fp8-e4m3 latent caches (576 = 512 + 64 and 288 = 256 + 32), returning the
-  natural-log LSE that vLLM's decode-context-parallel (DCP) combine needs. The split count is
-  planned on the host in the metadata builder, and every decode buffer (query concat, output,
-  LSE, split scratch) is sized once in the builder, so `forward_mqa` neither allocates nor
-  synchronises with the host;
+- decode (`forward_mqa`): `kernels.mla_decode`, a head-tiled split-KV kernel on bf16 or
+  fp8-e4m3 latent caches (576 = 512 + 64 and 288 = 256 + 32), returning the natural-log LSE
+  that vLLM's decode-context-parallel (DCP) combine needs. The metadata builder makes the
+  decode plan (`MlaDecodePlan`: kernel variant, launch config, split count) once per batch and
+  stores it in the metadata; `forward_mqa` launches that plan (`launch_mla_decode`) on every
+  layer. Every decode buffer (query concat, output, LSE, split scratch) is sized once in the
+  builder, and a layer checks its inputs once per cache tensor, so `forward_mqa` neither
+  allocates, validates per call nor synchronises with the host;
 - prefill (`forward_mha`): vLLM's own MLA prefill path and prefill-backend registry, unchanged;
 - chunked-context prefill: vLLM's chunk loop, with the paged-context read going through our
   `torch.ops.vllm_blackwell_ext.gather_and_maybe_dequant_cache` (fp8 dequantised on the way;
@@ -66,16 +68,18 @@ from vllm_blackwell_ext.attention.jit_warmup import (
 from vllm_blackwell_ext.kernels import device as kernel_device
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
 from vllm_blackwell_ext.kernels.mla_decode import (
+    PREFERRED_BLOCK_SIZE,
     SUPPORTED_LATENT,
     MlaCacheLayout,
+    MlaDecodePlan,
     MlaDecodeWorkspace,
+    check_layout_serves_plan,
+    check_mla_decode_inputs,
+    device_reads_tma,
+    launch_mla_decode,
     mla_cache_layout,
-    mla_decode,
-    mla_decode_config,
     plan_mla_decode,
 )
-from vllm_blackwell_ext.kernels.mla_decode_configs import PREFERRED_BLOCK_SIZE
-from vllm_blackwell_ext.kernels.mla_decode_gluon import gluon_decode_supported
 from vllm_blackwell_ext.kv_cache_dtypes import FP8_KV_CACHE_DTYPES
 from vllm_blackwell_ext.vllm_compat import mla_kv_update_takes_skip_scale
 
@@ -104,10 +108,20 @@ class BwxMLADecodeScratch:
 
 @dataclass
 class BwxMLADecodeMetadata(MLACommonDecodeMetadata):
-    # Host ints planned in the builder (never read back from the device in forward).
-    query_len: int = 1
-    num_splits: int = 1
+    # The builder's plan of this batch's decode (never read back from the device in forward):
+    # every layer launches it as it is.
+    plan: MlaDecodePlan | None = None
     scratch: BwxMLADecodeScratch | None = None
+
+    @property
+    def query_len(self) -> int:
+        assert self.plan is not None
+        return self.plan.query_len
+
+    @property
+    def num_splits(self) -> int:
+        assert self.plan is not None
+        return self.plan.num_splits
 
 
 @dataclass
@@ -170,9 +184,11 @@ class BwxMLAMetadataBuilder(MLACommonMetadataBuilder[BwxMLAMetadata]):
         # DCP all-gathers the query heads before forward_mqa.
         self._decode_heads = self.num_heads * self.dcp_world_size
         # vLLM's MLA cache is contiguous [pages, page, width]: a TMA entry of the config table
-        # takes it where the page size allows, and the split plans are made for that entry
-        # (as the JIT warm-up compiles it).
-        self._tma_page_size = kv_cache_spec.block_size
+        # takes it where the device and the page size allow, and the plans are made for that
+        # entry (as the JIT warm-up compiles it); each layer checks that once per cache.
+        self._tma_page_size = (
+            kv_cache_spec.block_size if device_reads_tma(self._device_info) else None
+        )
         scheduler_config = vllm_config.scheduler_config
         self._max_decode_tokens = min(
             scheduler_config.max_num_seqs * self.reorder_batch_threshold,
@@ -212,17 +228,21 @@ class BwxMLAMetadataBuilder(MLACommonMetadataBuilder[BwxMLAMetadata]):
         parts = self.dcp_world_size * interleave
         return (seq_len + parts - 1) // parts * interleave
 
-    def _plan(self, batch: int, max_seq_len: int, query_len: int) -> int:
-        num_splits, _config = plan_mla_decode(
+    def _plan(self, batch: int, max_seq_len: int, query_len: int) -> MlaDecodePlan:
+        # The query reaches the kernel contiguous in the decode scratch (`forward_mqa` puts a
+        # query there unless it already is), which the Gluon variant reads through TMA.
+        return plan_mla_decode(
             batch,
             self._decode_heads,
             max(1, max_seq_len),
             query_len,
             self._device_info,
             kv_dtype=self._kv_dtype,
+            q_dtype=self.model_config.dtype,
+            kv_lora_rank=self.mla_dims.kv_lora_rank,
             tma_page_size=self._tma_page_size,
+            query_tma_readable=True,
         )
-        return int(num_splits)
 
     def _allocate_decode_scratch(self) -> BwxMLADecodeScratch:
         """Size every decode buffer for the largest batch the scheduler can form (host-only)."""
@@ -281,13 +301,11 @@ class BwxMLAMetadataBuilder(MLACommonMetadataBuilder[BwxMLAMetadata]):
                 f"(max_num_seqs x query length), got num_decode_tokens={num_decode_tokens}"
             )
         plan_len = self._longest_local_context if self._capturing else max_seq_len
-        num_splits = self._plan(num_decodes, plan_len, query_len)
         return BwxMLADecodeMetadata(
             block_table=block_table_tensor,
             seq_lens=seq_lens_device,
             dcp_tot_seq_lens=dcp_tot_seq_lens_device,
-            query_len=query_len,
-            num_splits=num_splits,
+            plan=self._plan(num_decodes, plan_len, query_len),
             scratch=self._decode_scratch,
         )
 
@@ -444,6 +462,48 @@ class BwxMLAImpl(MLACommonImpl[BwxMLAMetadata]):
         return layout
 
     # ------------------------------------------------------------------ decode
+    def _decode_query(
+        self,
+        q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        scratch: BwxMLADecodeScratch,
+    ) -> torch.Tensor:
+        """The [tokens, heads, latent] query the plan was made for: contiguous at a 16-byte
+        address (the builder's scratch), where vLLM's parts are concatenated."""
+        if isinstance(q, tuple):
+            ql_nope, q_pe = q
+            tokens, heads = ql_nope.shape[0], ql_nope.shape[1]
+            width = ql_nope.shape[-1] + q_pe.shape[-1]
+            q_full = scratch.q[: tokens * heads * width].view(tokens, heads, width)
+            torch.cat((ql_nope, q_pe), dim=-1, out=q_full)
+            return q_full
+        if q.is_contiguous() and q.data_ptr() % 16 == 0:
+            return q
+        q_full = scratch.q[: q.numel()].view(q.shape)
+        q_full.copy_(q)
+        return q_full
+
+    def check_decode_inputs(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        decode: BwxMLADecodeMetadata,
+        out: torch.Tensor,
+        lse: torch.Tensor | None,
+        k_scale: torch.Tensor | None,
+        layout: MlaCacheLayout,
+    ) -> None:
+        """The decode's inputs over a cache this layer has not decoded over yet (once per
+        cache tensor: later steps bring tensors of the same layout), and that the builder's
+        plans can read the cache as they assume (TMA where its page size allows)."""
+        assert decode.plan is not None
+        check_mla_decode_inputs(
+            q, kv_cache, decode.block_table, decode.seq_lens, out,
+            kv_lora_rank=self.kv_lora_rank, query_len=decode.plan.query_len,
+            k_scale=k_scale, lse_out=lse,
+        )  # fmt: skip
+        check_layout_serves_plan(layout, decode.plan)
+        self._checked_cache = weakref.ref(kv_cache)
+
     def forward_mqa(
         self,
         q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
@@ -453,16 +513,10 @@ class BwxMLAImpl(MLACommonImpl[BwxMLAMetadata]):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         decode = attn_metadata.decode
         assert isinstance(decode, BwxMLADecodeMetadata) and decode.scratch is not None
-        scratch = decode.scratch
-        if isinstance(q, tuple):
-            ql_nope, q_pe = q
-            tokens, heads = ql_nope.shape[0], ql_nope.shape[1]
-            width = ql_nope.shape[-1] + q_pe.shape[-1]
-            q_full = scratch.q[: tokens * heads * width].view(tokens, heads, width)
-            torch.cat((ql_nope, q_pe), dim=-1, out=q_full)
-        else:
-            q_full = q
-            tokens, heads = q.shape[0], q.shape[1]
+        plan, scratch = decode.plan, decode.scratch
+        assert plan is not None
+        q_full = self._decode_query(q, scratch)
+        tokens, heads = q_full.shape[0], q_full.shape[1]
         out = scratch.out[: tokens * heads * self.kv_lora_rank].view(
             tokens, heads, self.kv_lora_rank
         )
@@ -471,37 +525,30 @@ class BwxMLAImpl(MLACommonImpl[BwxMLAMetadata]):
             if self.need_to_return_lse_for_decode
             else None
         )
+        k_scale = layer._k_scale if self._fp8_cache else None
         layout = self._cache_layout(kv_c_and_k_pe_cache)
-        checked = self._checked_cache is not None and self._checked_cache() is kv_c_and_k_pe_cache
-        mla_decode(
+        if self._checked_cache is None or self._checked_cache() is not kv_c_and_k_pe_cache:
+            self.check_decode_inputs(q_full, kv_c_and_k_pe_cache, decode, out, lse, k_scale, layout)
+        launch_mla_decode(
+            plan,
             q_full,
             kv_c_and_k_pe_cache,
             decode.block_table,
             decode.seq_lens,
             out,
             softmax_scale=self.scale,
-            kv_lora_rank=self.kv_lora_rank,
-            query_len=decode.query_len,
-            k_scale=layer._k_scale if self._fp8_cache else None,
+            k_scale=k_scale,
             lse_out=lse,
             workspace=scratch.workspace,
-            num_splits=decode.num_splits,
-            check_inputs=not checked,
             cache_layout=layout,
         )
-        if not checked:
-            self._checked_cache = weakref.ref(kv_c_and_k_pe_cache)
         if not self._decode_reads_logged:
             self._decode_reads_logged = True
-            rows = heads * decode.query_len
-            cfg = mla_decode_config(kv_c_and_k_pe_cache, rows, decode.seq_lens.shape[0])
-            if cfg.tma:
-                gluon = cfg.gluon and gluon_decode_supported(
-                    q_full, kv_c_and_k_pe_cache, self.kv_lora_rank
-                )
+            if plan.reads_tma:
                 logger.info_once(
-                    "BWX_MLA: decode reads the cache's 64-key tiles through TMA (%d rows, %s "
-                    "kernel)", rows, "Gluon" if gluon else "Triton",
+                    "BWX_MLA: decode reads the cache's %d-key tiles through TMA (%d rows, %s "
+                    "kernel)", plan.config.block_n, plan.rows,
+                    "Gluon" if plan.variant == "gluon" else "Triton",
                 )  # fmt: skip
         return out, lse
 
