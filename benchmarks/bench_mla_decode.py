@@ -356,35 +356,9 @@ def time_peers(c: Case, x: Inputs, timer, ours_out: torch.Tensor, peers, notes: 
     return figures
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python benchmarks/bench_mla_decode.py", description=__doc__.splitlines()[0]
-    )
-    ap.add_argument("--out-dir", default="benchmarks/results")
-    ap.add_argument("--peer-dir", default=".peer")
-    ap.add_argument("--only", default=None, help="run cases whose name contains this")
-    ap.add_argument("--no-peer", action="store_true")
-    ap.add_argument(
-        "--flashinfer-dir",
-        default=".peer_flashinfer",
-        help="FlashInfer from scripts/fetch_flashinfer_peer.sh (where it is not installed)",
-    )
-    ap.add_argument(
-        "--flashmla-dir",
-        default=".peer_flashmla",
-        help="FlashMLA sources from scripts/fetch_flashmla_peer.sh (built here on first use)",
-    )
-    ap.add_argument(
-        "--eager",
-        dest="graph",
-        action="store_false",
-        help="time eager calls (host launch included) instead of CUDA-graph replays",
-    )
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_mla_decode: needs a CUDA GPU", file=sys.stderr)
-        return 2
-    dev = "cuda"
+def load_peers(args: argparse.Namespace):
+    """(vLLM's Triton MLA, FlashInfer, FlashMLA, notes): each peer that loads here, else None
+    with a note saying why."""
     peer_notes: list[str] = []
     # vLLM's FlashMLA first: where it imports, vLLM's own Triton MLA kernel is the peer below
     # (no stand-ins shadow the installed vLLM).
@@ -419,6 +393,39 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # not installed and no wheels, or it does not import here
             peer_notes.append(peer_not_run_note(FlashInferMla.name, f"{type(e).__name__}: {e}"))
             print(peer_notes[-1], flush=True)
+    return peer, fi, fmla, peer_notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python benchmarks/bench_mla_decode.py", description=__doc__.splitlines()[0]
+    )
+    ap.add_argument("--out-dir", default="benchmarks/results")
+    ap.add_argument("--peer-dir", default=".peer")
+    ap.add_argument("--only", default=None, help="run cases whose name contains this")
+    ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument(
+        "--flashinfer-dir",
+        default=".peer_flashinfer",
+        help="FlashInfer from scripts/fetch_flashinfer_peer.sh (where it is not installed)",
+    )
+    ap.add_argument(
+        "--flashmla-dir",
+        default=".peer_flashmla",
+        help="FlashMLA sources from scripts/fetch_flashmla_peer.sh (built here on first use)",
+    )
+    ap.add_argument(
+        "--eager",
+        dest="graph",
+        action="store_false",
+        help="time eager calls (host launch included) instead of CUDA-graph replays",
+    )
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_mla_decode: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    dev = "cuda"
+    peer, fi, fmla, peer_notes = load_peers(args)
     roof_gbps = copy_roofline_gbps(dev)
     read_gbps = read_roofline_gbps(dev)
     roof_tflops = matmul_tflops(dev)

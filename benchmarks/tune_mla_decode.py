@@ -52,7 +52,7 @@ from vllm_blackwell_ext.kernels.mla_decode import (
     KernelLaunch,
     MlaDecodeConfig,
     MlaDecodeWorkspace,
-    mla_decode,
+    launch_mla_decode,
     mla_decode_launches,
     plan_mla_decode,
 )
@@ -96,82 +96,97 @@ def candidates(tag: str, tile: int, full: bool = False) -> list[MlaDecodeConfig]
     return cfgs
 
 
-def tune_gpu(args: argparse.Namespace) -> int:
+def _candidate_fn(info: DeviceInfo, tag: str, tile: int, cfg: MlaDecodeConfig, x: dict):
+    """A call of the plan with `cfg` at the tile's shape (`handles` receives each compiled
+    split kernel): splits so that about two waves of programs keep the GPU full."""
+    heads, q_len, batch, _ = SHAPES[tile]
+    splits = max(1, (info.num_sms * 2) // (batch * triton.cdiv(heads * q_len, cfg.block_m)))
+    plan = plan_mla_decode(
+        batch, heads, None, q_len, info, kv_dtype=x["kv"].dtype, kv_lora_rank=R,
+        tma_page_size=PAGE if cfg.tma else None, num_splits=splits, config=cfg,
+    )  # fmt: skip
+    ws = MlaDecodeWorkspace.allocate(batch * q_len, heads, splits, R, "cuda")
+    handles: list = []
+
+    def fn():
+        handles.append(
+            launch_mla_decode(
+                plan,
+                x["q"],
+                x["kv"],
+                x["bt"],
+                x["seq"],
+                x["out"],
+                softmax_scale=W**-0.5,
+                k_scale=x["scale"],
+                workspace=ws,
+            )  # fmt: skip
+        )
+
+    fn.handles = handles  # type: ignore[attr-defined]
+    return fn
+
+
+def _tune_slot(
+    info: DeviceInfo, tag: str, tile: int, args: argparse.Namespace, budget_s: float, log: list
+) -> MlaDecodeConfig | None:
+    """The fastest candidate of a (dtype, row tile) slot that fits and does not spill, with
+    the occupancy the split planner should assume; None if none ran."""
     from benchmarks.harness import bench_us
+
+    t_end = time.time() + budget_s
+    heads, q_len, batch, ctx = SHAPES[tile]
+    x = _inputs(heads, q_len, batch, ctx, tag == "fp8")
+    limit, best = info.smem_per_block, None
+    for cfg in candidates(tag, tile, args.full):
+        if time.time() > t_end:
+            print("budget spent; keeping the best so far", flush=True)
+            break
+        fn = _candidate_fn(info, tag, tile, cfg, x)
+        try:
+            fn()
+        except Exception as e:  # out of resources and the like: not a candidate
+            print(f"{tag}:{tile} {cfg}: failed ({type(e).__name__})", flush=True)
+            continue
+        h = fn.handles[0]  # type: ignore[attr-defined]
+        spills, shared = getattr(h, "n_spills", 0), h.metadata.shared
+        us = bench_us(fn, warmup_ms=10, rep_ms=40)
+        gbps = batch * ctx * W * (1 if tag == "fp8" else 2) / (us * 1e-6) / 1e9
+        line = (
+            f"{tag}:{tile} {cfg.block_m}x{cfg.block_n} w{cfg.num_warps} "
+            f"s{cfg.num_stages}: {us:.1f} us {gbps:.0f} GB/s shared={shared} "
+            f"regs={getattr(h, 'n_regs', '?')} spills={spills}"
+        )
+        print(line, flush=True)
+        log.append(line)
+        if shared > limit or spills:
+            continue
+        if best is None or us < best[0]:
+            # Occupancy for the split planner, from what the compiler reported.
+            regs = max(1, int(getattr(h, "n_regs", 0) or 1))
+            occ = min(65536 // (regs * 32 * cfg.num_warps), limit // max(shared, 1))
+            best = (us, dataclasses.replace(cfg, ctas_per_sm=max(1, min(occ, 4))))
+    return best[1] if best else None
+
+
+def tune_gpu(args: argparse.Namespace) -> int:
     from vllm_blackwell_ext.kernels.device import device_info
 
     info = device_info("cuda")
-    limit = info.smem_per_block
     slots = [f"{tag}:{tile}" for tag in ("bf16", "fp8") for tile in ROW_TILES]
     if args.only:
         slots = [s for s in slots if s in args.only.split(",")]
     # Each (dtype, tile) slot gets an equal share of the budget, so none is starved.
     slot_budget = args.budget_s / max(1, len(slots))
     entry: dict[str, dict[int, MlaDecodeConfig]] = {}
-    log = []
+    log: list[str] = []
     for tag in ("bf16", "fp8"):
         entry[tag] = {}
         for tile in ROW_TILES:
-            if args.only and f"{tag}:{tile}" not in args.only.split(","):
-                entry[tag][tile] = _table_entry(info.device_class, tag, tile)
-                continue
-            t_end = time.time() + slot_budget
-            heads, q_len, batch, ctx = SHAPES[tile]
-            x = _inputs(heads, q_len, batch, ctx, tag == "fp8")
-            best = None
-            for cfg in candidates(tag, tile, args.full):
-                if time.time() > t_end:
-                    print("budget spent; keeping the best so far", flush=True)
-                    break
-                # Keep the GPU full at this shape: splits so that ~2 waves of programs run.
-                groups = triton.cdiv(heads * q_len, cfg.block_m)
-                splits = max(1, (info.num_sms * 2) // (batch * groups))
-                ws = MlaDecodeWorkspace.allocate(batch * q_len, heads, splits, R, "cuda")
-                handles: list = []
-
-                def fn(cfg=cfg, splits=splits, ws=ws, handles=handles, x=x, q_len=q_len):
-                    mla_decode(
-                        x["q"],
-                        x["kv"],
-                        x["bt"],
-                        x["seq"],
-                        x["out"],
-                        softmax_scale=W**-0.5,
-                        kv_lora_rank=R,
-                        query_len=q_len,
-                        k_scale=x["scale"],
-                        workspace=ws,
-                        num_splits=splits,
-                        config=cfg,
-                        compiled=handles,
-                    )
-
-                try:
-                    fn()
-                except Exception as e:  # out of resources and the like: not a candidate
-                    print(f"{tag}:{tile} {cfg}: failed ({type(e).__name__})", flush=True)
-                    continue
-                h = handles[0]
-                spills = getattr(h, "n_spills", 0)
-                shared = h.metadata.shared
-                us = bench_us(fn, warmup_ms=10, rep_ms=40)
-                gbps = batch * ctx * W * (1 if tag == "fp8" else 2) / (us * 1e-6) / 1e9
-                line = (
-                    f"{tag}:{tile} {cfg.block_m}x{cfg.block_n} w{cfg.num_warps} "
-                    f"s{cfg.num_stages}: {us:.1f} us {gbps:.0f} GB/s shared={shared} "
-                    f"regs={getattr(h, 'n_regs', '?')} spills={spills}"
-                )
-                print(line, flush=True)
-                log.append(line)
-                if shared > limit or spills:
-                    continue
-                if best is None or us < best[0]:
-                    # Occupancy for the split planner, from what the compiler reported.
-                    regs = max(1, int(getattr(h, "n_regs", 0) or 1))
-                    occ = min(65536 // (regs * 32 * cfg.num_warps), limit // max(shared, 1))
-                    best = (us, dataclasses.replace(cfg, ctas_per_sm=max(1, min(occ, 4))))
-            base = _table_entry(info.device_class, tag, tile)
-            entry[tag][tile] = best[1] if best else base
+            tuned = None
+            if f"{tag}:{tile}" in slots:
+                tuned = _tune_slot(info, tag, tile, args, slot_budget, log)
+            entry[tag][tile] = tuned or _table_entry(info.device_class, tag, tile)
     text = _format_entry(info.device_class, entry)
     print(text)
     if args.write:
@@ -263,10 +278,11 @@ def offline_split_launch(
     single: bool = False,
 ) -> KernelLaunch:
     """The split launch a plan with `cfg` makes on a `capability` GPU, over CPU tensors of a
-    128-head decode (a bf16 query, 64-token pages, an LSE output): nothing runs."""
+    20-head decode (a bf16 query, 64-token pages, an LSE output): nothing runs."""
     info = DeviceInfo("offline", capability, 132, SMEM_LIMIT_BY_CAPABILITY[capability])
     width = kv_lora_rank + SUPPORTED_LATENT[kv_lora_rank]
-    batch, heads, splits = 4, 128, 1 if single else 2
+    # 20 heads: num_heads and the LSE stride not 16-divisible, as the least aligned launch.
+    batch, heads, splits = 4, 20, 1 if single else 2
     plan = plan_mla_decode(
         batch, heads, None, 1, info, kv_dtype=kv_dtype, kv_lora_rank=kv_lora_rank,
         tma_page_size=PAGE, num_splits=splits, variant=variant, config=cfg,

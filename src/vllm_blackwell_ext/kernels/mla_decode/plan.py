@@ -192,11 +192,11 @@ class MlaDecodePlan:
     def reads_tma(self) -> bool:
         return self.config.tma
 
-    @property
+    @functools.cached_property
     def grid(self) -> tuple[int, int, int]:
         return (self.num_row_groups * self.num_splits * self.batch, 1, 1)
 
-    @property
+    @functools.cached_property
     def merge_grid(self) -> tuple[int, int, int]:
         block_r = merge_config(self.num_splits)[0]
         return (self.num_tokens, self.num_heads, self.kv_lora_rank // block_r)
