@@ -58,8 +58,14 @@ def _partials(
     return workspace.o_part, workspace.l_part
 
 
-def _split_kwargs(plan, q, kv_cache, block_table, seq_lens, out, softmax_scale, k_scale,
-                  lse_out, o_part, l_part) -> dict[str, Any]:  # fmt: skip
+Tensor = torch.Tensor
+
+
+def _split_kwargs(
+    plan: MlaDecodePlan, kv_cache: Tensor, block_table: Tensor, seq_lens: Tensor, out: Tensor,
+    softmax_scale: float, k_scale: Tensor | None, lse_out: Tensor | None, o_part: Tensor,
+    l_part: Tensor,
+) -> dict[str, Any]:  # fmt: skip
     """The arguments every split variant takes, by name (tensors, strides, flags)."""
     args = dict(plan.split_constants)
     args.update(
@@ -73,7 +79,10 @@ def _split_kwargs(plan, q, kv_cache, block_table, seq_lens, out, softmax_scale, 
     return args
 
 
-def _triton_split_kwargs(plan, q, kv_cache, cache_layout, args) -> dict[str, Any]:
+def _triton_split_kwargs(
+    plan: MlaDecodePlan, q: Tensor, kv_cache: Tensor, cache_layout: MlaCacheLayout | None,
+    args: dict[str, Any],
+) -> dict[str, Any]:  # fmt: skip
     """`args` plus what the Triton split kernels add: q and the cache, their strides, and the
     TMA descriptors of the 16-bit kernel (None where it gathers)."""
     args.update(
@@ -92,7 +101,9 @@ def _triton_split_kwargs(plan, q, kv_cache, cache_layout, args) -> dict[str, Any
     return args
 
 
-def _gluon_split_kwargs(q, kv_cache, cache_layout, args) -> dict[str, Any]:
+def _gluon_split_kwargs(
+    q: Tensor, kv_cache: Tensor, cache_layout: MlaCacheLayout | None, args: dict[str, Any]
+) -> dict[str, Any]:
     """`args` plus the Gluon kernel's query and cache descriptors."""
     q_descs = gluon_query_descriptors(q)
     if cache_layout is not None:
@@ -104,10 +115,14 @@ def _gluon_split_kwargs(q, kv_cache, cache_layout, args) -> dict[str, Any]:
     return args
 
 
-def _split_launch(plan, q, kv_cache, block_table, seq_lens, out, softmax_scale, k_scale,
-                  lse_out, o_part, l_part, cache_layout) -> KernelLaunch:  # fmt: skip
-    args = _split_kwargs(plan, q, kv_cache, block_table, seq_lens, out, softmax_scale,
-                         k_scale, lse_out, o_part, l_part)  # fmt: skip
+def _split_launch(
+    plan: MlaDecodePlan, q: Tensor, kv_cache: Tensor, block_table: Tensor, seq_lens: Tensor,
+    out: Tensor, softmax_scale: float, k_scale: Tensor | None, lse_out: Tensor | None,
+    o_part: Tensor, l_part: Tensor, cache_layout: MlaCacheLayout | None,
+) -> KernelLaunch:  # fmt: skip
+    """The split stage of the plan's variant."""
+    args = _split_kwargs(plan, kv_cache, block_table, seq_lens, out, softmax_scale, k_scale,
+                         lse_out, o_part, l_part)  # fmt: skip
     if plan.variant == "gluon":
         args = _gluon_split_kwargs(q, kv_cache, cache_layout, args)
         kernel = gluon_kernel._mla_decode_gluon_kernel
@@ -120,7 +135,11 @@ def _split_launch(plan, q, kv_cache, block_table, seq_lens, out, softmax_scale, 
     return KernelLaunch(kernel, plan.grid, args, cfg.num_warps, cfg.num_stages)
 
 
-def _merge_launch(plan, seq_lens, out, lse_out, o_part, l_part) -> KernelLaunch:
+def _merge_launch(
+    plan: MlaDecodePlan, seq_lens: Tensor, out: Tensor, lse_out: Tensor | None, o_part: Tensor,
+    l_part: Tensor,
+) -> KernelLaunch:  # fmt: skip
+    """The merge of the plan's splits."""
     args = dict(plan.merge_constants)
     args.update(
         O_PART=o_part, L_PART=l_part, OUT=out, LSE=out if lse_out is None else lse_out,
@@ -162,7 +181,7 @@ _LAUNCHERS = {id(launcher.kernel): launcher
               for launcher in (_SPLIT_LAUNCHER, _SPLIT_FP8_LAUNCHER, _MERGE_LAUNCHER)}  # fmt: skip
 
 
-def _run(launch: KernelLaunch):
+def _run(launch: KernelLaunch) -> Any:
     """Run one launch: Triton kernels through their cached launcher, the Gluon kernel (one
     launch per layer and step, its handle cached by Triton) through its own binder."""
     launcher = _LAUNCHERS.get(id(launch.kernel))
@@ -186,7 +205,7 @@ def launch_mla_decode(
     lse_out: torch.Tensor | None = None,
     workspace: MlaDecodeWorkspace | None = None,
     cache_layout: MlaCacheLayout | None = None,
-):
+) -> Any:
     """Run `plan` over these tensors; returns the split kernel's compiled handle (None under
     the interpreter). q, kv_cache, block_table, seq_lens, out, k_scale, lse_out: as
     `mla_decode` takes them, of the plan's shapes and dtypes; `workspace`: scratch holding

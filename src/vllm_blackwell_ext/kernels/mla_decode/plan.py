@@ -119,7 +119,9 @@ def choose_variant(config: MlaDecodeConfig, kv_dtype: torch.dtype, gluon_ok: boo
     return "triton_fp8" if kv_dtype == _FP8 else "triton"
 
 
-def dot_dtype(device_class: str, q_dtype: torch.dtype, kv_dtype: torch.dtype, tma: bool):
+def dot_dtype(
+    device_class: str, q_dtype: torch.dtype, kv_dtype: torch.dtype, tma: bool
+) -> tl.dtype:
     """The Triton kernels' tensor-core operand type."""
     # Triton's interpreter computes bf16 `tl.dot` on the raw 16-bit patterns (garbage; fp16
     # and fp32 are right), so CPU runs widen the operands to fp32.
@@ -243,7 +245,7 @@ class MlaDecodePlan:
         )  # fmt: skip
 
     @property
-    def dot_dtype(self):
+    def dot_dtype(self) -> tl.dtype:
         return dot_dtype(self.device_class, self.q_dtype, self.kv_dtype, self.config.tma)
 
     def describe(self) -> str:
