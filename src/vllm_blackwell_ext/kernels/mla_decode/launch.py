@@ -28,6 +28,8 @@ from vllm_blackwell_ext.kernels.mla_decode.split_fp8_kernel import _mla_decode_s
 from vllm_blackwell_ext.kernels.mla_decode.split_kernel import _mla_decode_split_kernel
 from vllm_blackwell_ext.kernels.mla_decode.workspace import MlaDecodeWorkspace
 
+Tensor = torch.Tensor
+
 _SPLIT_LAUNCHER = CachedLauncher(_mla_decode_split_kernel)
 _SPLIT_FP8_LAUNCHER = CachedLauncher(_mla_decode_split_fp8_kernel)
 _MERGE_LAUNCHER = CachedLauncher(_mla_decode_merge_kernel)
@@ -56,9 +58,6 @@ def _partials(
             plan.num_tokens, plan.num_heads, plan.num_splits, plan.kv_lora_rank, out.device
         )
     return workspace.o_part, workspace.l_part
-
-
-Tensor = torch.Tensor
 
 
 def _split_kwargs(
