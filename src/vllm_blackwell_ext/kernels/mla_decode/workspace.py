@@ -64,9 +64,11 @@ class MlaDecodeWorkspace:
         need = 1
         for query_len in range(1, max_query_len + 1):
             for batch in range(1, max_tokens // query_len + 1):
+                # The latent width changes no plan's split count (and is checked where the
+                # launch's plan is made).
                 plan = plan_mla_decode(
                     batch, num_heads, max_seq_len, query_len, info, kv_dtype=kv_dtype,
-                    kv_lora_rank=kv_lora_rank, tma_page_size=tma_page_size,
+                    tma_page_size=tma_page_size,
                 )  # fmt: skip
                 need = max(need, plan.workspace_rows)
         return cls(
