@@ -144,7 +144,7 @@ def _mla_decode_split_kernel(
     HAS_SCALE: tl.constexpr,
     SINGLE_SPLIT: tl.constexpr,
     HAS_LSE: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,  # q's dtype on GPUs; fp32 under the interpreter (see launcher)
+    DOT_DTYPE: tl.constexpr,  # q's dtype on GPUs; fp32 under the interpreter (`plan.dot_dtype`)
     TMA: tl.constexpr,  # key tiles through KL_DESC / KR_DESC (tiles within a page)
 ):
     """Split kernel of a 16-bit (bf16 / fp16) cache, and of an fp8 cache read through TMA
