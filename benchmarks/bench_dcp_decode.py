@@ -113,6 +113,7 @@ class _Decode:
             MlaDecodeWorkspace,
             cache_tma_page_size,
             plan_mla_decode,
+            query_is_tma_readable,
         )
 
         pages = max(1, -(-seq_len // PAGE))
@@ -127,27 +128,28 @@ class _Decode:
         self.out = torch.empty(batch, heads, R, dtype=q.dtype, device=device)
         self.lse = torch.empty(batch, heads, dtype=torch.float32, device=device)
         info = device_info(device)
-        self.splits, _ = plan_mla_decode(
-            batch, heads, seq_len, 1, info, kv_dtype=self.cache.dtype,
-            tma_page_size=cache_tma_page_size(self.cache, info),
+        self.plan = plan_mla_decode(
+            batch, heads, seq_len, 1, info, kv_dtype=self.cache.dtype, q_dtype=q.dtype,
+            kv_lora_rank=R, tma_page_size=cache_tma_page_size(self.cache, info),
+            query_tma_readable=query_is_tma_readable(q),
         )  # fmt: skip
+        self.splits = self.plan.num_splits
         self.ws = MlaDecodeWorkspace.allocate(batch, heads, self.splits, R, device)
 
     def __call__(self) -> None:
-        from vllm_blackwell_ext.kernels.mla_decode import mla_decode
+        from vllm_blackwell_ext.kernels.mla_decode import launch_mla_decode
 
-        mla_decode(
+        launch_mla_decode(
+            self.plan,
             self.q,
             self.cache,
             self.bt,
             self.seq_lens,
             self.out,
             softmax_scale=W**-0.5,
-            kv_lora_rank=R,
             k_scale=self.k_scale,
             lse_out=self.lse,
             workspace=self.ws,
-            num_splits=self.splits,
         )
 
 

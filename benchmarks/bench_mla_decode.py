@@ -50,14 +50,15 @@ from benchmarks.vllm_cuda_peers import FlashMlaVllm
 from benchmarks.vllm_peer import load_vllm_peer, peer_not_run_note
 from vllm_blackwell_ext.kernels.device import device_info
 from vllm_blackwell_ext.kernels.mla_decode import (
+    MlaDecodeConfig,
     MlaDecodeWorkspace,
     cache_tma_page_size,
-    mla_decode,
-    mla_decode_config,
+    launch_mla_decode,
+    mla_cache_layout,
     mla_decode_flops,
     plan_mla_decode,
+    query_is_tma_readable,
 )
-from vllm_blackwell_ext.kernels.mla_decode_configs import MlaDecodeConfig
 
 R, P, PAGE = 512, 64, 64
 W = R + P
@@ -144,39 +145,35 @@ def make_inputs(c: Case, caches: Caches) -> Inputs:
 
 
 def ours_fn(c: Case, x: Inputs, **kw):
+    """Our decode of case `c` as BWX_MLA runs it: planned once (for `c.plan_ctx` where a
+    graph was captured for a longer context), launched per call. `kw`: `num_splits`,
+    `variant`, `config` (plan overrides) and `compiled` (a list receiving each launch's
+    compiled split kernel)."""
     info = device_info(x.q.device)
-    plan_ctx = c.plan_ctx or c.ctx
-    splits, _ = plan_mla_decode(
-        c.batch, c.heads, plan_ctx, c.q_len, info, kv_dtype=x.cache.dtype,
-        config=kw.get("config"), tma_page_size=cache_tma_page_size(x.cache, info),
+    plan = plan_mla_decode(
+        c.batch, c.heads, c.plan_ctx or c.ctx, c.q_len, info, kv_dtype=x.cache.dtype,
+        q_dtype=x.q.dtype, kv_lora_rank=R, tma_page_size=cache_tma_page_size(x.cache, info),
+        query_tma_readable=query_is_tma_readable(x.q), num_splits=kw.get("num_splits"),
+        variant=kw.get("variant"), config=kw.get("config"),
     )  # fmt: skip
-    splits = kw.get("num_splits") or splits
-    # What mla_decode takes for this cache (TMA entries included) unless a config is forced.
-    cfg = kw.get("config") or mla_decode_config(x.cache, c.heads * c.q_len, c.batch, info)
-    ws = MlaDecodeWorkspace.allocate(x.q.shape[0], c.heads, splits, R, x.q.device)
+    ws = MlaDecodeWorkspace.allocate(x.q.shape[0], c.heads, plan.num_splits, R, x.q.device)
     out = torch.empty(x.q.shape[0], c.heads, R, dtype=x.q.dtype, device=x.q.device)
     lse = torch.empty(x.q.shape[0], c.heads, dtype=torch.float32, device=x.q.device)
+    layout = mla_cache_layout(x.cache, info)
+    compiled = kw.get("compiled")
 
     def fn() -> torch.Tensor:
-        return mla_decode(
-            x.q,
-            x.cache,
-            x.block_table,
-            x.seq_lens,
-            out,
-            softmax_scale=W**-0.5,
-            kv_lora_rank=R,
-            query_len=c.q_len,
-            k_scale=x.k_scale,
-            lse_out=lse,
-            workspace=ws,
-            num_splits=splits,
-            config=kw.get("config"),
-            compiled=kw.get("compiled"),
-        )
+        handle = launch_mla_decode(
+            plan, x.q, x.cache, x.block_table, x.seq_lens, out, softmax_scale=W**-0.5,
+            k_scale=x.k_scale, lse_out=lse, workspace=ws, cache_layout=layout,
+        )  # fmt: skip
+        if compiled is not None:
+            compiled.append(handle)
+        return out
 
-    fn.splits = splits  # type: ignore[attr-defined]
-    fn.cfg = cfg  # type: ignore[attr-defined]
+    fn.plan = plan  # type: ignore[attr-defined]
+    fn.splits = plan.num_splits  # type: ignore[attr-defined]
+    fn.cfg = plan.config  # type: ignore[attr-defined]
     fn.out = out  # type: ignore[attr-defined]
     return fn
 
@@ -314,7 +311,8 @@ def compiled_stats(c: Case, x: Inputs) -> str:
     fn()
     h = handles[0]
     return (
-        f"{fn.cfg} splits={fn.splits} shared={h.metadata.shared} "  # type: ignore[attr-defined]
+        f"{fn.plan.variant} {fn.cfg} splits={fn.splits} "  # type: ignore[attr-defined]
+        f"shared={h.metadata.shared} "
         f"regs={getattr(h, 'n_regs', '?')} spills={getattr(h, 'n_spills', '?')}"
     )
 
@@ -358,35 +356,9 @@ def time_peers(c: Case, x: Inputs, timer, ours_out: torch.Tensor, peers, notes: 
     return figures
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python benchmarks/bench_mla_decode.py", description=__doc__.splitlines()[0]
-    )
-    ap.add_argument("--out-dir", default="benchmarks/results")
-    ap.add_argument("--peer-dir", default=".peer")
-    ap.add_argument("--only", default=None, help="run cases whose name contains this")
-    ap.add_argument("--no-peer", action="store_true")
-    ap.add_argument(
-        "--flashinfer-dir",
-        default=".peer_flashinfer",
-        help="FlashInfer from scripts/fetch_flashinfer_peer.sh (where it is not installed)",
-    )
-    ap.add_argument(
-        "--flashmla-dir",
-        default=".peer_flashmla",
-        help="FlashMLA sources from scripts/fetch_flashmla_peer.sh (built here on first use)",
-    )
-    ap.add_argument(
-        "--eager",
-        dest="graph",
-        action="store_false",
-        help="time eager calls (host launch included) instead of CUDA-graph replays",
-    )
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_mla_decode: needs a CUDA GPU", file=sys.stderr)
-        return 2
-    dev = "cuda"
+def load_peers(args: argparse.Namespace):
+    """(vLLM's Triton MLA, FlashInfer, FlashMLA, notes): each peer that loads here, else None
+    with a note saying why."""
     peer_notes: list[str] = []
     # vLLM's FlashMLA first: where it imports, vLLM's own Triton MLA kernel is the peer below
     # (no stand-ins shadow the installed vLLM).
@@ -421,6 +393,39 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # not installed and no wheels, or it does not import here
             peer_notes.append(peer_not_run_note(FlashInferMla.name, f"{type(e).__name__}: {e}"))
             print(peer_notes[-1], flush=True)
+    return peer, fi, fmla, peer_notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python benchmarks/bench_mla_decode.py", description=__doc__.splitlines()[0]
+    )
+    ap.add_argument("--out-dir", default="benchmarks/results")
+    ap.add_argument("--peer-dir", default=".peer")
+    ap.add_argument("--only", default=None, help="run cases whose name contains this")
+    ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument(
+        "--flashinfer-dir",
+        default=".peer_flashinfer",
+        help="FlashInfer from scripts/fetch_flashinfer_peer.sh (where it is not installed)",
+    )
+    ap.add_argument(
+        "--flashmla-dir",
+        default=".peer_flashmla",
+        help="FlashMLA sources from scripts/fetch_flashmla_peer.sh (built here on first use)",
+    )
+    ap.add_argument(
+        "--eager",
+        dest="graph",
+        action="store_false",
+        help="time eager calls (host launch included) instead of CUDA-graph replays",
+    )
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_mla_decode: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    dev = "cuda"
+    peer, fi, fmla, peer_notes = load_peers(args)
     roof_gbps = copy_roofline_gbps(dev)
     read_gbps = read_roofline_gbps(dev)
     roof_tflops = matmul_tflops(dev)

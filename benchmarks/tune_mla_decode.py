@@ -3,14 +3,17 @@
 GPU sweep (default): for each KV dtype (bf16, fp8) and row tile (16, 32, 64 query rows per
 request), time candidate configs on a representative shape, skip those that fail to compile
 or spill registers, and print the device class's table entry for
-`src/vllm_blackwell_ext/kernels/mla_decode_configs.py` (also written as JSON with --out).
+`src/vllm_blackwell_ext/kernels/mla_decode/configs.py` (rewritten there with --write, also
+written as JSON with --out). Candidates run through the package's public API: a plan with the
+candidate config (`plan_mla_decode(..., config=...)`), as `mla_decode(config=...)` makes it.
 
     python benchmarks/tune_mla_decode.py [--budget-s 240] [--only bf16:16] [--out FILE]
 
 Offline check (no GPU needed; Triton's bundled ptxas and cuobjdump): compile every table entry
 of a device class for that architecture and report shared memory against the class's
 per-block limit, registers and spill (stack) bytes. Exits non-zero if an entry exceeds the
-limit, spills registers inside its loop or compiles to a trap kernel.
+limit, spills registers inside its loop or compiles to a trap kernel. Each kernel is compiled
+as a plan launches it: `mla_decode_launches` gives the kernel and every argument by name.
 
     python benchmarks/tune_mla_decode.py --check sm120 [--check sm90 ...]
 """
@@ -33,15 +36,25 @@ import torch
 import triton
 
 from benchmarks.offline_compile import CLASS_CAPABILITY, OfflineCompile
-from vllm_blackwell_ext.kernels.device import MIN_FP8_CAPABILITY, SMEM_LIMIT_BY_CAPABILITY
-from vllm_blackwell_ext.kernels.mla_decode_configs import (
+from vllm_blackwell_ext.kernels.device import (
+    MIN_FP8_CAPABILITY,
+    SMEM_LIMIT_BY_CAPABILITY,
+    DeviceInfo,
+)
+from vllm_blackwell_ext.kernels.mla_decode import (
     INT_WIDEN_BOTH,
     INT_WIDEN_VALUES,
     MLA_DECODE_CONFIGS,
     MLA_DECODE_FEW_PROGRAM_CONFIGS,
     MLA_DECODE_TMA_CONFIGS,
     ROW_TILES,
+    SUPPORTED_LATENT,
+    KernelLaunch,
     MlaDecodeConfig,
+    MlaDecodeWorkspace,
+    launch_mla_decode,
+    mla_decode_launches,
+    plan_mla_decode,
 )
 
 R, P, PAGE = 512, 64, 64
@@ -83,83 +96,97 @@ def candidates(tag: str, tile: int, full: bool = False) -> list[MlaDecodeConfig]
     return cfgs
 
 
-def tune_gpu(args: argparse.Namespace) -> int:
+def _candidate_fn(info: DeviceInfo, tag: str, tile: int, cfg: MlaDecodeConfig, x: dict):
+    """A call of the plan with `cfg` at the tile's shape (`handles` receives each compiled
+    split kernel): splits so that about two waves of programs keep the GPU full."""
+    heads, q_len, batch, _ = SHAPES[tile]
+    splits = max(1, (info.num_sms * 2) // (batch * triton.cdiv(heads * q_len, cfg.block_m)))
+    plan = plan_mla_decode(
+        batch, heads, None, q_len, info, kv_dtype=x["kv"].dtype, kv_lora_rank=R,
+        tma_page_size=PAGE if cfg.tma else None, num_splits=splits, config=cfg,
+    )  # fmt: skip
+    ws = MlaDecodeWorkspace.allocate(batch * q_len, heads, splits, R, "cuda")
+    handles: list = []
+
+    def fn():
+        handles.append(
+            launch_mla_decode(
+                plan,
+                x["q"],
+                x["kv"],
+                x["bt"],
+                x["seq"],
+                x["out"],
+                softmax_scale=W**-0.5,
+                k_scale=x["scale"],
+                workspace=ws,
+            )  # fmt: skip
+        )
+
+    fn.handles = handles  # type: ignore[attr-defined]
+    return fn
+
+
+def _tune_slot(
+    info: DeviceInfo, tag: str, tile: int, args: argparse.Namespace, budget_s: float, log: list
+) -> MlaDecodeConfig | None:
+    """The fastest candidate of a (dtype, row tile) slot that fits and does not spill, with
+    the occupancy the split planner should assume; None if none ran."""
     from benchmarks.harness import bench_us
+
+    t_end = time.time() + budget_s
+    heads, q_len, batch, ctx = SHAPES[tile]
+    x = _inputs(heads, q_len, batch, ctx, tag == "fp8")
+    limit, best = info.smem_per_block, None
+    for cfg in candidates(tag, tile, args.full):
+        if time.time() > t_end:
+            print("budget spent; keeping the best so far", flush=True)
+            break
+        fn = _candidate_fn(info, tag, tile, cfg, x)
+        try:
+            fn()
+        except Exception as e:  # out of resources and the like: not a candidate
+            print(f"{tag}:{tile} {cfg}: failed ({type(e).__name__})", flush=True)
+            continue
+        h = fn.handles[0]  # type: ignore[attr-defined]
+        spills, shared = getattr(h, "n_spills", 0), h.metadata.shared
+        us = bench_us(fn, warmup_ms=10, rep_ms=40)
+        gbps = batch * ctx * W * (1 if tag == "fp8" else 2) / (us * 1e-6) / 1e9
+        line = (
+            f"{tag}:{tile} {cfg.block_m}x{cfg.block_n} w{cfg.num_warps} "
+            f"s{cfg.num_stages}: {us:.1f} us {gbps:.0f} GB/s shared={shared} "
+            f"regs={getattr(h, 'n_regs', '?')} spills={spills}"
+        )
+        print(line, flush=True)
+        log.append(line)
+        if shared > limit or spills:
+            continue
+        if best is None or us < best[0]:
+            # Occupancy for the split planner, from what the compiler reported.
+            regs = max(1, int(getattr(h, "n_regs", 0) or 1))
+            occ = min(65536 // (regs * 32 * cfg.num_warps), limit // max(shared, 1))
+            best = (us, dataclasses.replace(cfg, ctas_per_sm=max(1, min(occ, 4))))
+    return best[1] if best else None
+
+
+def tune_gpu(args: argparse.Namespace) -> int:
     from vllm_blackwell_ext.kernels.device import device_info
-    from vllm_blackwell_ext.kernels.mla_decode import MlaDecodeWorkspace, mla_decode
 
     info = device_info("cuda")
-    limit = info.smem_per_block
     slots = [f"{tag}:{tile}" for tag in ("bf16", "fp8") for tile in ROW_TILES]
     if args.only:
         slots = [s for s in slots if s in args.only.split(",")]
     # Each (dtype, tile) slot gets an equal share of the budget, so none is starved.
     slot_budget = args.budget_s / max(1, len(slots))
     entry: dict[str, dict[int, MlaDecodeConfig]] = {}
-    log = []
+    log: list[str] = []
     for tag in ("bf16", "fp8"):
         entry[tag] = {}
         for tile in ROW_TILES:
-            if args.only and f"{tag}:{tile}" not in args.only.split(","):
-                entry[tag][tile] = _table_entry(info.device_class, tag, tile)
-                continue
-            t_end = time.time() + slot_budget
-            heads, q_len, batch, ctx = SHAPES[tile]
-            x = _inputs(heads, q_len, batch, ctx, tag == "fp8")
-            best = None
-            for cfg in candidates(tag, tile, args.full):
-                if time.time() > t_end:
-                    print("budget spent; keeping the best so far", flush=True)
-                    break
-                # Keep the GPU full at this shape: splits so that ~2 waves of programs run.
-                groups = triton.cdiv(heads * q_len, cfg.block_m)
-                splits = max(1, (info.num_sms * 2) // (batch * groups))
-                ws = MlaDecodeWorkspace.allocate(batch * q_len, heads, splits, R, "cuda")
-                handles: list = []
-
-                def fn(cfg=cfg, splits=splits, ws=ws, handles=handles, x=x, q_len=q_len):
-                    mla_decode(
-                        x["q"],
-                        x["kv"],
-                        x["bt"],
-                        x["seq"],
-                        x["out"],
-                        softmax_scale=W**-0.5,
-                        kv_lora_rank=R,
-                        query_len=q_len,
-                        k_scale=x["scale"],
-                        workspace=ws,
-                        num_splits=splits,
-                        config=cfg,
-                        compiled=handles,
-                    )
-
-                try:
-                    fn()
-                except Exception as e:  # out of resources and the like: not a candidate
-                    print(f"{tag}:{tile} {cfg}: failed ({type(e).__name__})", flush=True)
-                    continue
-                h = handles[0]
-                spills = getattr(h, "n_spills", 0)
-                shared = h.metadata.shared
-                us = bench_us(fn, warmup_ms=10, rep_ms=40)
-                gbps = batch * ctx * W * (1 if tag == "fp8" else 2) / (us * 1e-6) / 1e9
-                line = (
-                    f"{tag}:{tile} {cfg.block_m}x{cfg.block_n} w{cfg.num_warps} "
-                    f"s{cfg.num_stages}: {us:.1f} us {gbps:.0f} GB/s shared={shared} "
-                    f"regs={getattr(h, 'n_regs', '?')} spills={spills}"
-                )
-                print(line, flush=True)
-                log.append(line)
-                if shared > limit or spills:
-                    continue
-                if best is None or us < best[0]:
-                    # Occupancy for the split planner, from what the compiler reported.
-                    regs = max(1, int(getattr(h, "n_regs", 0) or 1))
-                    occ = min(65536 // (regs * 32 * cfg.num_warps), limit // max(shared, 1))
-                    best = (us, dataclasses.replace(cfg, ctas_per_sm=max(1, min(occ, 4))))
-            base = _table_entry(info.device_class, tag, tile)
-            entry[tag][tile] = best[1] if best else base
+            tuned = None
+            if f"{tag}:{tile}" in slots:
+                tuned = _tune_slot(info, tag, tile, args, slot_budget, log)
+            entry[tag][tile] = tuned or _table_entry(info.device_class, tag, tile)
     text = _format_entry(info.device_class, entry)
     print(text)
     if args.write:
@@ -173,8 +200,8 @@ def tune_gpu(args: argparse.Namespace) -> int:
 
 
 def _rewrite_table(device_class: str, entry_text: str) -> None:
-    """Replace the device class's block in mla_decode_configs.py with the tuned entry."""
-    import vllm_blackwell_ext.kernels.mla_decode_configs as mod
+    """Replace the device class's block in mla_decode/configs.py with the tuned entry."""
+    import vllm_blackwell_ext.kernels.mla_decode.configs as mod
 
     path = mod.__file__
     with open(path) as f:
@@ -241,102 +268,95 @@ def compile_offline(
     return stats_of(compile_split_kernel(cfg, capability, fp8, kv_lora_rank))
 
 
+def offline_split_launch(
+    cfg: MlaDecodeConfig,
+    capability: tuple[int, int],
+    kv_dtype: torch.dtype,
+    kv_lora_rank: int = R,
+    *,
+    variant: str | None = None,
+    single: bool = False,
+) -> KernelLaunch:
+    """The split launch a plan with `cfg` makes on a `capability` GPU, over CPU tensors of a
+    20-head decode (a bf16 query, 64-token pages, an LSE output): nothing runs."""
+    info = DeviceInfo("offline", capability, 132, SMEM_LIMIT_BY_CAPABILITY[capability])
+    width = kv_lora_rank + SUPPORTED_LATENT[kv_lora_rank]
+    # 20 heads: num_heads and the LSE stride not 16-divisible, as the least aligned launch.
+    batch, heads, splits = 4, 20, 1 if single else 2
+    plan = plan_mla_decode(
+        batch, heads, None, 1, info, kv_dtype=kv_dtype, kv_lora_rank=kv_lora_rank,
+        tma_page_size=PAGE, num_splits=splits, variant=variant, config=cfg,
+    )  # fmt: skip
+    q = torch.empty(batch, heads, width, dtype=torch.bfloat16)
+    fp8 = kv_dtype == torch.float8_e4m3fn
+    launches = mla_decode_launches(
+        plan, q, torch.empty(8, PAGE, width, dtype=kv_dtype),
+        torch.empty(batch, 5, dtype=torch.int32), torch.empty(batch, dtype=torch.int32),
+        torch.empty(batch, heads, kv_lora_rank, dtype=torch.bfloat16), softmax_scale=W**-0.5,
+        k_scale=torch.ones(1) if fp8 else None,
+        lse_out=torch.empty(batch, heads), workspace=MlaDecodeWorkspace.allocate(
+            batch, heads, splits, kv_lora_rank, "cpu"),
+    )  # fmt: skip
+    return launches[0]
+
+
+def compile_launch(launch: KernelLaunch, capability: tuple[int, int], gluon: bool = False) -> Any:
+    """`launch`'s kernel compiled for `capability` without a GPU, specialised as the JIT would
+    specialise that launch's arguments (`offline_compile.signature_of`)."""
+    from triton.backends.compiler import GPUTarget
+
+    from benchmarks.offline_compile import compile_kernel, signature_of
+
+    kernel = launch.kernel
+    args = tuple(launch.kwargs[name] for name in kernel.arg_names)
+    signature, constexprs, aligned = signature_of(kernel, args)
+    for name, arg in zip(kernel.arg_names, args, strict=True):
+        if arg is None:  # a descriptor the variant does not read
+            signature.pop(name, None)
+            constexprs[name] = None
+    arch = capability[0] * 10 + capability[1]
+    if not gluon:
+        return compile_kernel(
+            kernel, signature, constexprs, aligned, arch, num_warps=launch.num_warps,
+            num_stages=launch.num_stages,
+        )  # fmt: skip
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    sig = {name: "constexpr" for name in constexprs} | signature
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    return triton.compile(
+        GluonASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs),
+        target=GPUTarget("cuda", arch, 32),
+        options=dict(num_warps=launch.num_warps),
+    )
+
+
 def compile_split_kernel(
     cfg: MlaDecodeConfig, capability: tuple[int, int], fp8: bool, kv_lora_rank: int = R
 ) -> Any:
-    """The split kernel as `cfg` launches it, compiled for `capability` without a GPU."""
-    import triton.language as tl
-
-    from benchmarks.offline_compile import compile_kernel
-    from vllm_blackwell_ext.kernels.mla_decode import (
-        SUPPORTED_LATENT,
-        _mla_decode_split_fp8_kernel,
-        _mla_decode_split_kernel,
-    )
-
-    # TMA configs of either cache dtype take the 16-bit kernel (fp8 tiles widened to bf16).
-    pairs_kernel = fp8 and not cfg.tma
-    k = _mla_decode_split_fp8_kernel if pairs_kernel else _mla_decode_split_kernel
-    kv = "fp8e4nv" if fp8 else "bf16"
-    ptrs = {"Q": "*bf16", "KV": f"*{kv}", "BT": "*i32", "SEQ": "*i32",
-            "KSCALE": "*fp32", "O_PART": "*fp32", "L_PART": "*fp32", "OUT": "*bf16",
-            "LSE": "*fp32"}  # fmt: skip
-    ints = ["stride_qt", "stride_qh", "stride_kv_page", "stride_kv_tok", "stride_bt",
-            "stride_pt", "stride_ph", "stride_ps", "stride_lt", "stride_lh", "stride_ot",
-            "stride_oh", "stride_lse_t"]  # fmt: skip
-    rope = SUPPORTED_LATENT[kv_lora_rank]
-    sig = dict(ptrs) | {n: "i32" for n in ints} | {"qk_scale_log2": "fp32"}
-    sig |= {n: "i32" for n in ("num_heads", "query_len", "num_splits", "num_row_groups")}
-    tma: dict = {}
-    if not pairs_kernel:  # the 16-bit kernel's key tiles come through descriptors or a gather
-        if cfg.tma:
-            sig["KL_DESC"] = f"tensordesc<{kv}[{cfg.block_n},{kv_lora_rank // 4}]>"
-            sig["KR_DESC"] = f"tensordesc<{kv}[{cfg.block_n},{rope}]>"
-        else:
-            tma = dict(KL_DESC=None, KR_DESC=None)
-        tma["TMA"] = cfg.tma
-    consts = dict(
-        R=kv_lora_rank,
-        P=rope,
-        PAGE_SIZE=PAGE,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        CAUSAL=True,
-        HAS_SCALE=fp8,
-        SINGLE_SPLIT=False,
-        HAS_LSE=True,
-        DOT_DTYPE=tl.float16 if pairs_kernel else tl.bfloat16,
-        **tma,
-    )
-    if pairs_kernel:
-        consts["INT_WIDEN"] = cfg.int_widen
-    aligned = [*ptrs, "stride_qt", "stride_qh", "stride_kv_page", "stride_kv_tok", "stride_pt",
-               "stride_ph", "stride_ps", "stride_ot", "stride_oh"]  # fmt: skip
-    return compile_kernel(
-        k, sig, consts, aligned, capability[0] * 10 + capability[1],
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    """The Triton split kernel as a plan with `cfg` launches it (the 16-bit kernel for TMA
+    configs of either cache dtype), compiled for `capability` without a GPU."""
+    kv_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    variant = "triton_tma" if cfg.tma else None  # a `gluon` entry's Triton twin
+    launch = offline_split_launch(cfg, capability, kv_dtype, kv_lora_rank, variant=variant)
+    return compile_launch(launch, capability)
 
 
 def compile_gluon_split_kernel(
-    capability: tuple[int, int], single: bool = False, kv_dtype: torch.dtype = torch.bfloat16
+    capability: tuple[int, int],
+    single: bool = False,
+    kv_dtype: torch.dtype = torch.bfloat16,
+    cfg: MlaDecodeConfig | None = None,
 ) -> Any:
-    """The Gluon split kernel (`mla_decode_gluon`, a bf16 query over a `kv_dtype` cache)
-    compiled for `capability` without a GPU, as `mla_decode` launches it for a `gluon` entry."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
-
-    from vllm_blackwell_ext.kernels import mla_decode_gluon as g
-
-    k = g._mla_decode_gluon_kernel
-    width = g.GLUON_KV_LORA_RANK + g.GLUON_ROPE_DIM
-    q = torch.empty(4, 128, width, dtype=torch.bfloat16)
-    descs = (
-        *g._descriptors(q, 4 * 128, g.BLOCK_M),
-        *g.cache_descriptors(torch.empty(8, PAGE, width, dtype=kv_dtype)),
-    )
-    names = ("q_lat_desc", "q_rope_desc", "kv_lat_desc", "kv_rope_desc")
-    sig = {n: mangle_type(d) for n, d in zip(names, descs, strict=True)}
-    ptrs = {"BT": "*i32", "SEQ": "*i32", "O_PART": "*fp32", "L_PART": "*fp32", "OUT": "*bf16",
-            "LSE": "*fp32", "KSCALE": "*fp32"}  # fmt: skip
-    sig |= ptrs | {n: "i32" for n in k.arg_names if n.startswith("stride_")}
-    sig |= {"qk_scale_log2": "fp32"}
-    sig |= {n: "i32" for n in ("num_heads", "query_len", "num_splits", "num_row_groups")}
-    consts = dict(R=g.GLUON_KV_LORA_RANK, P=g.GLUON_ROPE_DIM, PAGE_SIZE=PAGE, CAUSAL=True,
-                  SINGLE_SPLIT=single, HAS_LSE=True,
-                  HAS_SCALE=kv_dtype == torch.float8_e4m3fn)  # fmt: skip
-    sig |= {n: "constexpr" for n in consts}
-    aligned = [*ptrs, "stride_pt", "stride_ph", "stride_ps", "stride_ot", "stride_oh"]
-    attrs = {(k.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    return triton.compile(
-        GluonASTSource(fn=k, signature=sig, constexprs=consts, attrs=attrs),
-        target=GPUTarget("cuda", capability[0] * 10 + capability[1], 32),
-        options=dict(num_warps=g.NUM_WARPS),
-    )
+    """The Gluon split kernel (a bf16 query over a `kv_dtype` cache) compiled for `capability`
+    without a GPU, as a plan of the `gluon` entry `cfg` (default: sm90's) launches it."""
+    tag = "fp8" if kv_dtype == torch.float8_e4m3fn else "bf16"
+    cfg = cfg or MLA_DECODE_TMA_CONFIGS["sm90"][tag][64]
+    launch = offline_split_launch(cfg, capability, kv_dtype, variant="gluon", single=single)
+    return compile_launch(launch, capability, gluon=True)
 
 
-def _check_gluon(cls: str, tag: str, cap: tuple[int, int], limit: int) -> int:
+def _check_gluon(cls: str, tag: str, cap: tuple[int, int], limit: int, cfg: MlaDecodeConfig) -> int:
     """Compile a `gluon` entry's Gluon kernel (split and single-split variants) for a `tag`
     ('bf16' | 'fp8') cache; 1 if bad."""
     from benchmarks.offline_compile import stats_of
@@ -344,7 +364,7 @@ def _check_gluon(cls: str, tag: str, cap: tuple[int, int], limit: int) -> int:
     kv_dtype = torch.float8_e4m3fn if tag == "fp8" else torch.bfloat16
     bad = 0
     for single in (False, True):
-        stats = stats_of(compile_gluon_split_kernel(cap, single, kv_dtype))
+        stats = stats_of(compile_gluon_split_kernel(cap, single, kv_dtype, cfg))
         problems = [
             *(["OVER LIMIT"] if stats.shared > limit else []),
             *(["SPILLS"] if stats.spills else []),
@@ -373,7 +393,7 @@ def check_offline(classes: list[str]) -> int:
                         seen.add(key)
                         stats = compile_offline(cfg, cap, tag == "fp8", rank)
                         if cfg.gluon and rank == 512:
-                            bad += _check_gluon(cls, tag, cap, limit)
+                            bad += _check_gluon(cls, tag, cap, limit, cfg)
                         problems = [
                             *(["OVER LIMIT"] if stats.shared > limit else []),
                             *(["SPILLS IN A LOOP"] if stats.loop_spills else []),

@@ -87,6 +87,30 @@ def environment_report(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
     return problems, warnings
 
 
+def _mla_decode_report(info: Any) -> dict[str, str]:
+    """The MLA decode plan BWX_MLA makes on this device for a DeepSeek-shaped step (128 heads,
+    64 requests at 32k over vLLM's 64-token pages), per cache dtype: variant, tiles, splits."""
+    import torch
+
+    from vllm_blackwell_ext.kernels.device import MIN_FP8_CAPABILITY
+    from vllm_blackwell_ext.kernels.mla_decode import (
+        PREFERRED_BLOCK_SIZE,
+        device_reads_tma,
+        plan_mla_decode,
+    )
+
+    page = PREFERRED_BLOCK_SIZE if device_reads_tma(info) else None
+    dtypes = {"bf16": torch.bfloat16}
+    if info.capability >= MIN_FP8_CAPABILITY:
+        dtypes["fp8"] = torch.float8_e4m3fn
+    return {
+        f"{tag} cache, 128 heads, B=64 x 32k": plan_mla_decode(
+            64, 128, 32768, 1, info, kv_dtype=kv, tma_page_size=page
+        ).describe()
+        for tag, kv in dtypes.items()
+    }
+
+
 def _device_report() -> dict[str, Any]:
     try:
         import torch
@@ -104,6 +128,7 @@ def _device_report() -> dict[str, Any]:
         "device_class": info.device_class,
         "num_sms": info.num_sms,
         "smem_per_block": info.smem_per_block,
+        "mla_decode": _mla_decode_report(info),
     }
 
 
@@ -203,6 +228,8 @@ def _print_doctor(report: dict[str, Any], ok: bool) -> None:
                 f"{dev['num_sms']} SMs, {dev['smem_per_block']} B smem/block)",
             )
         )
+        for case, plan in dev.get("mla_decode", {}).items():
+            rows.append((f"MLA decode ({case})", plan))
     else:
         rows.append(("device", f"none: {dev['why']}"))
     width = max(len(k) for k, _ in rows)

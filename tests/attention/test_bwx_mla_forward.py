@@ -52,11 +52,16 @@ from tests.distributed.dcp_layout import (  # noqa: E402
     dcp_rank_of,
     interleave_rank_outputs,
 )
-from vllm_blackwell_ext.attention import bwx_mla  # noqa: E402
 from vllm_blackwell_ext.attention.bwx_mla import (  # noqa: E402
     BwxMLADecodeMetadata,
     BwxMLAImpl,
     BwxMLAMetadataBuilder,
+)
+from vllm_blackwell_ext.kernels.device import CPU_DEVICE_INFO  # noqa: E402
+from vllm_blackwell_ext.kernels.mla_decode import (  # noqa: E402
+    MlaDecodePlan,
+    launch_mla_decode,
+    plan_mla_decode,
 )
 
 HEADS = 4
@@ -469,14 +474,10 @@ def test_decodes_over_one_cache_check_inputs_once_and_keep_its_layout_only_as_lo
     # later ones skip the checks and reuse the cache's layout (TMA page size, descriptors),
     # kept on the cache tensor itself: once vLLM drops the cache, nothing of the layer holds it.
     seq_lens, block_size = [9, 40], 32
-    checks = []
-    decode = bwx_mla.mla_decode
-    monkeypatch.setattr(
-        bwx_mla,
-        "mla_decode",
-        lambda *a, **kw: checks.append(kw["check_inputs"]) or decode(*a, **kw),
-    )
     with mla_setup(model_config, "bfloat16", block_size=block_size) as (builder, impl, layer):
+        checks = []
+        check = impl.check_decode_inputs
+        monkeypatch.setattr(impl, "check_decode_inputs", lambda *a: checks.append(1) or check(*a))
         latents = random_latents(seq_lens, seed=5)
         cache = PagedCache(impl, "bfloat16", latents, block_size, seed=2)
         md = builder.build(0, common_metadata([1, 1], seq_lens, cache.block_table, block_size))
@@ -485,7 +486,7 @@ def test_decodes_over_one_cache_check_inputs_once_and_keep_its_layout_only_as_lo
         first = impl.forward_mqa(q, cache.kv_cache, md, layer)[0].clone()
         layout = impl._cache_layout(cache.kv_cache)
         again = impl.forward_mqa(q, cache.kv_cache, md, layer)[0]
-        assert checks == [True, False]
+        assert checks == [1], "the second step over the same cache checked again"
         assert impl._cache_layout(cache.kv_cache) is layout
         torch.testing.assert_close(again, first, atol=0, rtol=0)
         alive = weakref.ref(cache.kv_cache)
@@ -494,7 +495,36 @@ def test_decodes_over_one_cache_check_inputs_once_and_keep_its_layout_only_as_lo
         assert alive() is None, "the layer keeps a cache vLLM has dropped"
         fresh = PagedCache(impl, "bfloat16", latents, block_size, seed=2)
         impl.forward_mqa(q, fresh.kv_cache, md, layer)
-        assert checks == [True, False, True], "a new cache is checked again"
+        assert checks == [1, 1], "a new cache is checked again"
+
+
+def test_builder_plans_each_batch_once_and_forward_launches_that_plan(model_config):
+    """The metadata carries the builder's `MlaDecodePlan` (eager: planned for the batch's
+    longest context; capture: for max_model_len), and `forward_mqa` launches exactly it: its
+    output is bit for bit `launch_mla_decode` of the metadata's plan."""
+    seq_lens, block_size = [9, 40, 70], 16
+    with mla_setup(model_config, "fp8", block_size=block_size) as (builder, impl, layer):
+        cache = PagedCache(impl, "fp8", random_latents(seq_lens, seed=6), block_size, seed=3)
+        cm = common_metadata([1, 1, 1], seq_lens, cache.block_table, block_size)
+        eager, capture = builder.build(0, cm), builder.build_for_cudagraph_capture(cm)
+        g = torch.Generator().manual_seed(7)
+        q = torch.randn(len(seq_lens), HEADS, LATENT, generator=g).to(torch.bfloat16)
+        for md, plan_len in ((eager, max(seq_lens)), (capture, MAX_MODEL_LEN)):
+            plan = md.decode.plan
+            assert isinstance(plan, MlaDecodePlan)
+            assert plan == plan_mla_decode(
+                len(seq_lens), HEADS, plan_len, 1, CPU_DEVICE_INFO, kv_dtype=torch.float8_e4m3fn,
+                q_dtype=torch.bfloat16, kv_lora_rank=KV_LORA_RANK, tma_page_size=block_size,
+            )  # fmt: skip
+            assert (md.decode.query_len, md.decode.num_splits) == (1, plan.num_splits)
+            out = impl.forward_mqa(q, cache.kv_cache, md, layer)[0].clone()
+            mine = torch.empty_like(out)
+            launch_mla_decode(
+                plan, q, cache.kv_cache, md.decode.block_table, md.decode.seq_lens, mine,
+                softmax_scale=SCALE, k_scale=layer._k_scale,
+            )  # fmt: skip
+            assert torch.equal(out, mine)
+        assert eager.decode.num_splits < capture.decode.num_splits
 
 
 @st.composite

@@ -8,8 +8,6 @@ vLLM's registry, and that each warm-up launch runs.
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
@@ -28,8 +26,11 @@ from vllm_blackwell_ext.attention.bwx_attn import (  # noqa: E402
 )
 from vllm_blackwell_ext.attention.fresh_prefill_switch import FRESH_PREFILL_ENV  # noqa: E402
 from vllm_blackwell_ext.kernels.device import DeviceInfo  # noqa: E402
-from vllm_blackwell_ext.kernels.mla_decode import MAX_SPLITS, merge_config  # noqa: E402
-from vllm_blackwell_ext.kernels.mla_decode_configs import get_mla_decode_config  # noqa: E402
+from vllm_blackwell_ext.kernels.mla_decode import (  # noqa: E402
+    MAX_SPLITS,
+    merge_config,
+    plan_mla_decode,
+)
 from vllm_blackwell_ext.kernels.paged_attention import (  # noqa: E402
     SPLIT_KV_MAX_QUERY_LEN,
     plan_split_kv,
@@ -242,10 +243,14 @@ def test_mla_gather_warmup_launch_runs_on_scratch(cache_dtype, kv_cache_dtype):
 def test_mla_decode_warmup_covers_every_split_variant_of_each_row_tile(kv_dtype):
     kind = jit_warmup.MlaDecodeKind(torch.bfloat16, kv_dtype, 16, 512, 64, has_lse=False)
     keys = jit_warmup.mla_decode_warmup_keys(kind, 8, H200)
-    tag = "fp8" if kv_dtype == torch.float8_e4m3fn else "bf16"
+
     # Every config a launch of up to 8 query tokens can take, at any batch size, over vLLM's
     # contiguous cache of 64-slot pages (TMA entries included).
-    config = functools.partial(get_mla_decode_config, "sm90", tag, tma_page_size=64)
+    def config(rows: int, batch: int):
+        return plan_mla_decode(
+            batch, rows, None, 1, H200, kv_dtype=kv_dtype, tma_page_size=64, num_splits=1
+        ).config
+
     configs = {config(q * 16, b) for q in range(1, 9) for b in range(1, 300)}
     assert any(c.tma for c in configs)
     assert {config(k.query_len * 16, k.batch) for k in keys} == configs

@@ -20,6 +20,7 @@ is only the bf16 store.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import os
 import subprocess
@@ -33,26 +34,30 @@ from hypothesis import strategies as st
 
 from vllm_blackwell_ext.kernels.device import CPU_DEVICE_INFO, DeviceInfo
 from vllm_blackwell_ext.kernels.mla_decode import (
-    MAX_SPLITS,
-    MlaDecodeWorkspace,
-    merge_config,
-    mla_cache_layout,
-    mla_decode,
-    plan_mla_decode,
-)
-from vllm_blackwell_ext.kernels.mla_decode_configs import (
     FEW_PROGRAMS,
+    GLUON_AVAILABLE,
     INT_WIDEN_BOTH,
     INT_WIDEN_VALUES,
+    MAX_SPLITS,
     MLA_DECODE_CONFIGS,
     MLA_DECODE_FEW_PROGRAM_CONFIGS,
     MLA_DECODE_TMA_CONFIGS,
     PREFERRED_BLOCK_SIZE,
     ROW_TILES,
+    VARIANTS,
     MlaDecodeConfig,
-    get_mla_decode_config,
+    MlaDecodePlan,
+    MlaDecodeWorkspace,
+    gluon_supported,
+    launch_mla_decode,
+    merge_config,
+    mla_cache_layout,
+    mla_decode,
+    mla_decode_launches,
+    plan_for_tensors,
+    plan_mla_decode,
+    query_is_tma_readable,
 )
-from vllm_blackwell_ext.kernels.mla_decode_gluon import GLUON_AVAILABLE, gluon_decode_supported
 from vllm_blackwell_ext.reference.mla_decode import mla_decode_reference
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
@@ -62,14 +67,31 @@ if GLUON_AVAILABLE:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
-    from vllm_blackwell_ext.kernels.mla_decode_gluon import _e4m3_to_bf16
+    from vllm_blackwell_ext.kernels.mla_decode.gluon_kernel import e4m3_to_bf16
 
     @gluon.jit
     def _widen_bytes_kernel(src, dst, N: gl.constexpr):
-        """`_e4m3_to_bf16` of N fp8 values."""
+        """`e4m3_to_bf16` of N fp8 values."""
         layout: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
         offs = gl.arange(0, N, layout)
-        gl.store(dst + offs, _e4m3_to_bf16(gl.load(src + offs)))
+        gl.store(dst + offs, e4m3_to_bf16(gl.load(src + offs)))
+
+
+def _class_info(device_class: str) -> DeviceInfo:
+    """A GPU of a device class ("sm90" -> capability (9, 0)), 132 SMs."""
+    capability = (int(device_class[2:-1]), int(device_class[-1]))
+    return DeviceInfo("GPU", capability, num_sms=132, smem_per_block=232_448)
+
+
+def _table_config(
+    device_class: str, tag: str, rows: int, batch: int, tma_page_size: int | None = None
+) -> MlaDecodeConfig:
+    """The config a plan takes on a device class for `rows` query rows per request."""
+    kv = torch.float8_e4m3fn if tag == "fp8" else torch.bfloat16
+    return plan_mla_decode(
+        batch, rows, None, 1, _class_info(device_class), kv_dtype=kv,
+        tma_page_size=tma_page_size, num_splits=1,
+    ).config  # fmt: skip
 
 
 OUT_ATOL = 2e-2
@@ -364,13 +386,12 @@ def test_tma_entries_apply_only_to_caches_they_can_read():
                 main = MLA_DECODE_CONFIGS[cls][tag][tile]
                 assert tma.tma and not main.tma
                 rows, batch = tile, 64
-                assert get_mla_decode_config(cls, tag, rows, batch) == main
-                assert get_mla_decode_config(cls, tag, rows, batch, tma_page_size=64) == tma
+                assert _table_config(cls, tag, rows, batch) == main
+                assert _table_config(cls, tag, rows, batch, tma_page_size=64) == tma
                 assert PREFERRED_BLOCK_SIZE % tma.block_n == 0  # BWX_MLA's pages take it
                 page = tma.block_n // 2  # a tile would span two pages
-                assert get_mla_decode_config(cls, tag, rows, batch, tma_page_size=page) == main
-                capability = (int(cls[2:-1]), int(cls[-1]))  # "sm90" -> (9, 0)
-                info = DeviceInfo("GPU", capability, num_sms=132, smem_per_block=232_448)
+                assert _table_config(cls, tag, rows, batch, tma_page_size=page) == main
+                info = _class_info(cls)
                 assert info.device_class == cls
                 kv = torch.float8_e4m3fn if tag == "fp8" else torch.bfloat16
                 for heads, q_len in ((tile, 1), (tile // 4, 4), (2 * tile, 1)):
@@ -378,14 +399,14 @@ def test_tma_entries_apply_only_to_caches_they_can_read():
                         plan_mla_decode, num_heads=heads, max_seq_len=32768, query_len=q_len,
                         device_info=info, kv_dtype=kv,
                     )  # fmt: skip
-                    assert plan(batch)[1] == main
-                    assert plan(batch, tma_page_size=PREFERRED_BLOCK_SIZE)[1] == tma
+                    assert plan(batch).config == main
+                    assert plan(batch, tma_page_size=PREFERRED_BLOCK_SIZE).config == tma
                     ws = MlaDecodeWorkspace.for_plans(
                         64, heads, 32768, q_len, 512, "cpu", kv_dtype=kv, info=info,
                         tma_page_size=PREFERRED_BLOCK_SIZE,
                     )  # fmt: skip
                     for b in range(1, 64 // q_len + 1):
-                        s, _ = plan(b, tma_page_size=PREFERRED_BLOCK_SIZE)
+                        s = plan(b, tma_page_size=PREFERRED_BLOCK_SIZE).num_splits
                         assert s == 1 or ws.capacity_rows >= b * q_len * heads * s, (heads, b, s)
     # Every main-table entry gathers, so it serves any cache.
     for by_tag in MLA_DECODE_CONFIGS.values():
@@ -588,17 +609,19 @@ def test_bad_input_is_refused_naming_the_argument(device, change, exc, match):
 
 def test_planner_fills_the_gpu_for_one_long_and_many_short_requests():
     h200 = DeviceInfo("H200", (9, 0), num_sms=132, smem_per_block=232_448)
-    one_long, cfg = plan_mla_decode(1, 16, 131072, 1, h200)
-    assert one_long * cfg.block_m >= 16 and one_long >= 132  # one request spreads over all SMs
-    many_short, _ = plan_mla_decode(256, 16, 4096, 1, h200)
+    long_plan = plan_mla_decode(1, 16, 131072, 1, h200)
+    one_long = long_plan.num_splits
+    # one request spreads over all SMs
+    assert one_long * long_plan.config.block_m >= 16 and one_long >= 132
+    many_short = plan_mla_decode(256, 16, 4096, 1, h200).num_splits
     assert many_short == 1  # 256 programs already fill 132 SMs
-    tiny, _ = plan_mla_decode(1, 16, 100, 1, h200)
+    tiny = plan_mla_decode(1, 16, 100, 1, h200).num_splits
     assert tiny == 1  # splitting 100 keys would cost more in the merge than it gains
-    assert plan_mla_decode(1, 16, 10**7, 1, h200)[0] <= MAX_SPLITS
+    assert plan_mla_decode(1, 16, 10**7, 1, h200).num_splits <= MAX_SPLITS
     # A workspace sized by for_plans fits every plan up to its batch size.
     ws = MlaDecodeWorkspace.for_plans(64, 16, 131072, 1, 512, "cpu", info=h200)
     for b in (1, 2, 7, 64):
-        s, _ = plan_mla_decode(b, 16, 131072, 1, h200)
+        s = plan_mla_decode(b, 16, 131072, 1, h200).num_splits
         assert s == 1 or ws.capacity_rows >= b * 16 * s
     # ... and every plan of up to 64 tokens of verify blocks up to 4 tokens long, at the
     # longest context it was sized for and at shorter ones (fewer keys never split more).
@@ -606,7 +629,7 @@ def test_planner_fills_the_gpu_for_one_long_and_many_short_requests():
     for ctx in (131072, 100_000, 32768, 5000, 700):
         for q in (1, 2, 3, 4):
             for b in range(1, 64 // q + 1):
-                s, _ = plan_mla_decode(b, 16, ctx, q, h200)
+                s = plan_mla_decode(b, 16, ctx, q, h200).num_splits
                 assert s == 1 or ws.capacity_rows >= b * q * 16 * s, (ctx, q, b, s)
 
 
@@ -616,16 +639,16 @@ def test_few_request_launches_take_the_few_program_entry():
     few = MLA_DECODE_FEW_PROGRAM_CONFIGS["sm90"]["fp8"][16]
     main = MLA_DECODE_CONFIGS["sm90"]["fp8"][16]
     assert few != main
-    assert get_mla_decode_config("sm90", "fp8", 16, 1) == few
-    assert get_mla_decode_config("sm90", "fp8", 16, FEW_PROGRAMS) == few
-    assert get_mla_decode_config("sm90", "fp8", 16, FEW_PROGRAMS + 1) == main
-    assert get_mla_decode_config("sm90", "bf16", 16, 1) == MLA_DECODE_CONFIGS["sm90"]["bf16"][16]
-    assert get_mla_decode_config("sm120", "fp8", 16, 1) == MLA_DECODE_CONFIGS["sm120"]["fp8"][16]
+    assert _table_config("sm90", "fp8", 16, 1) == few
+    assert _table_config("sm90", "fp8", 16, FEW_PROGRAMS) == few
+    assert _table_config("sm90", "fp8", 16, FEW_PROGRAMS + 1) == main
+    assert _table_config("sm90", "bf16", 16, 1) == MLA_DECODE_CONFIGS["sm90"]["bf16"][16]
+    assert _table_config("sm120", "fp8", 16, 1) == MLA_DECODE_CONFIGS["sm120"]["fp8"][16]
     # The planner and a launch given its split count agree on the config.
     h200 = DeviceInfo("H200", (9, 0), num_sms=132, smem_per_block=232_448)
     for batch in (1, FEW_PROGRAMS, FEW_PROGRAMS + 1, 64):
-        _, cfg = plan_mla_decode(batch, 16, 32768, 1, h200, kv_dtype=torch.float8_e4m3fn)
-        assert cfg == get_mla_decode_config("sm90", "fp8", 16, batch)
+        cfg = plan_mla_decode(batch, 16, 32768, 1, h200, kv_dtype=torch.float8_e4m3fn).config
+        assert cfg == _table_config("sm90", "fp8", 16, batch)
 
 
 def test_config_table_covers_every_device_class_and_row_tile():
@@ -658,19 +681,101 @@ def test_table_entries_compile_clean_for_their_class(device_class):
 
 
 def test_gluon_kernel_takes_only_what_it_is_built_for():
-    """`gluon_decode_supported`: a contiguous bf16 query over a bf16 or fp8 e4m3 cache with
-    latent 512 + rope 64; anything else stays on the Triton kernel of the same config."""
-    q = torch.zeros(2, 128, 576, dtype=torch.bfloat16)
-    cache = torch.zeros(4, 64, 576, dtype=torch.bfloat16)
-    assert gluon_decode_supported(q, cache, 512)
-    assert gluon_decode_supported(q, cache.to(torch.float8_e4m3fn), 512)
-    assert not gluon_decode_supported(q.half(), cache.half(), 512)  # fp16: the Triton kernel
-    assert not gluon_decode_supported(q, cache.half(), 512)  # neither bf16 nor fp8
-    assert not gluon_decode_supported(q.half(), cache.to(torch.float8_e4m3fn), 512)
-    assert not gluon_decode_supported(q.transpose(0, 1), cache, 512)  # rows not contiguous
-    assert not gluon_decode_supported(q[..., :288], cache[..., :288], 256)  # half width
+    """`gluon_supported`: a contiguous bf16 query over a bf16 or fp8 e4m3 cache with latent
+    512 + rope 64; anything else stays on the Triton kernel of the same config."""
+    bf16, fp16, fp8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
+    q = torch.zeros(2, 128, 576, dtype=bf16)
+    assert query_is_tma_readable(q)
+    assert not query_is_tma_readable(q.transpose(0, 1))  # rows not contiguous
+    assert gluon_supported(bf16, bf16, 512, True) == GLUON_AVAILABLE
+    assert gluon_supported(bf16, fp8, 512, True) == GLUON_AVAILABLE
+    assert not gluon_supported(fp16, fp16, 512, True)  # fp16: the Triton kernel
+    assert not gluon_supported(bf16, fp16, 512, True)  # neither bf16 nor fp8
+    assert not gluon_supported(fp16, fp8, 512, True)
+    assert not gluon_supported(bf16, bf16, 512, False)  # rows TMA cannot read
+    assert not gluon_supported(bf16, bf16, 256, True)  # half width
     sm90 = MLA_DECODE_TMA_CONFIGS["sm90"]
     assert sm90["bf16"][64].gluon and sm90["fp8"][64].gluon
+
+
+def test_every_variant_is_named_and_the_device_rule_picks_each_where_it_applies():
+    """The rule, on Hopper facts: a gathered 16-bit cache -> triton, a gathered fp8 cache ->
+    triton_fp8, a 64-row TMA entry -> gluon where the Gluon kernel runs, else triton_tma."""
+    assert VARIANTS == ("triton", "triton_fp8", "triton_tma", "gluon")
+    h200 = _class_info("sm90")
+    plan = functools.partial(plan_mla_decode, max_seq_len=32768, query_len=1, device_info=h200)
+    fp8 = torch.float8_e4m3fn
+    chosen = {
+        "triton": plan(64, 16),
+        "triton_fp8": plan(64, 16, kv_dtype=fp8),
+        "triton_tma": plan(64, 128, tma_page_size=64, query_tma_readable=False),
+        "gluon": plan(64, 128, tma_page_size=64),
+    }
+    for variant, p in chosen.items():
+        want = "triton_tma" if variant == "gluon" and not GLUON_AVAILABLE else variant
+        assert isinstance(p, MlaDecodePlan) and p.variant == want, (variant, p)
+    assert set(chosen) == set(VARIANTS)
+    # A forced variant runs the plan's config, or is refused naming the argument.
+    tma_cfg = chosen["gluon"].config
+    forced = plan(64, 128, tma_page_size=64, variant="triton_tma")
+    assert forced.variant == "triton_tma" and forced.config == tma_cfg
+    with pytest.raises(ValueError, match="variant: expected 'triton_fp8'"):
+        plan(64, 16, variant="triton_fp8")  # a bf16 cache
+    with pytest.raises(ValueError, match="variant: expected one of"):
+        plan(64, 16, variant="cutlass")
+    # The plan is a value: equal facts give equal plans.
+    assert plan(64, 16) == plan(64, 16) and hash(plan(64, 16)) == hash(plan(64, 16))
+
+
+@pytest.mark.parametrize("variant", ["triton", "triton_fp8", "triton_tma"])
+def test_each_triton_variant_planned_and_launched_matches_reference(device, variant):
+    """plan_mla_decode(variant=...) then launch_mla_decode: the reference's output, and
+    bit for bit what `mla_decode` gives for the same plan."""
+    case = _make_case(
+        device=device, kv_lora_rank=256, num_heads=16, seq_lens=[70, 5], query_len=2,
+        block_size=32, fp8=variant == "triton_fp8", seed=12,
+    )  # fmt: skip
+    q, kv = case["q"], case["kv_cache"]
+    config = MlaDecodeConfig(16, 32, 4, 2, 1, 128, tma=variant == "triton_tma")
+    plan = plan_for_tensors(
+        q, kv, case["seq_lens"], kv_lora_rank=256, query_len=2, num_splits=3, config=config,
+        variant=variant,
+    )  # fmt: skip
+    assert plan.variant == variant and plan.num_splits == 3
+    out = torch.empty(q.shape[0], q.shape[1], 256, dtype=q.dtype, device=device)
+    lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=device)
+    ws = MlaDecodeWorkspace.allocate(q.shape[0], q.shape[1], 3, 256, device=device)
+    launch_mla_decode(
+        plan, q, kv, case["block_table"], case["seq_lens"], out,
+        softmax_scale=case["softmax_scale"], k_scale=case["k_scale"], lse_out=lse, workspace=ws,
+    )  # fmt: skip
+    standalone = _run(case, 3, config=config, variant=variant)
+    assert torch.equal(out.float().cpu(), standalone[0]) and torch.equal(lse.cpu(), standalone[1])
+    _assert_close(*standalone)
+
+
+def test_launches_name_every_kernel_parameter_without_running():
+    """`mla_decode_launches`: each kernel of a plan with its grid and every parameter by name
+    (what offline compile checks read), the merge only where the plan splits."""
+    case = _make_case(
+        device="cpu", kv_lora_rank=256, num_heads=4, seq_lens=[40, 9], query_len=1,
+        block_size=16, fp8=True, seed=13,
+    )  # fmt: skip
+    q = case["q"]
+    out = torch.empty(q.shape[0], q.shape[1], 256, dtype=q.dtype)
+    for splits in (1, 3):
+        plan = plan_for_tensors(
+            q, case["kv_cache"], case["seq_lens"], kv_lora_rank=256, num_splits=splits
+        )
+        launches = mla_decode_launches(
+            plan, q, case["kv_cache"], case["block_table"], case["seq_lens"], out,
+            softmax_scale=0.1, k_scale=case["k_scale"],
+        )  # fmt: skip
+        assert len(launches) == (1 if splits == 1 else 2)
+        assert launches[0].grid == plan.grid and launches[0].kwargs["INT_WIDEN"] == 0
+        for launch in launches:
+            names = list(inspect.signature(launch.kernel.fn).parameters)
+            assert sorted(launch.kwargs) == sorted(names), launch.kernel
 
 
 # ------------------------------------------------------------------------ GPU (real size) ----

@@ -2,26 +2,21 @@
 
 What runs where:
 
-- decode (`forward_mqa`): `kernels.mla_decode.mla_decode`, a head-tiled split-KV kernel on
-  bf16 or fp8-e4m3 latent caches (576 = 512 + 64 and 288 = 256 + 32), returning the
-  natural-log LSE that vLLM's decode-context-parallel (DCP) combine needs. The split count is
-  planned on the host in the metadata builder, and every decode buffer (query concat, output,
-  LSE, split scratch) is sized once in the builder, so `forward_mqa` neither allocates nor
-  synchronises with the host;
+- decode (`forward_mqa`): `kernels.mla_decode`, a head-tiled split-KV kernel on bf16 or
+  fp8-e4m3 latent caches (576 = 512 + 64 and 288 = 256 + 32), returning the natural-log LSE
+  that vLLM's decode-context-parallel (DCP) combine needs. The metadata builder makes the
+  decode plan (`MlaDecodePlan`: kernel variant, launch config, split count) once per batch and
+  stores it in the metadata; `forward_mqa` launches that plan (`launch_mla_decode`) on every
+  layer. Every decode buffer (query concat, output, LSE, split scratch) is sized once in the
+  builder, and a layer checks its inputs once per cache tensor, so `forward_mqa` neither
+  allocates, validates per call nor synchronises with the host;
 - prefill (`forward_mha`): vLLM's own MLA prefill path and prefill-backend registry, unchanged;
 - chunked-context prefill: vLLM's chunk loop, with the paged-context read going through our
-  `torch.ops.vllm_blackwell_ext.gather_and_maybe_dequant_cache` (fp8 dequantised on the way;
-  our raw `cp_gather_cache` only when vLLM asks for an fp8 workspace, i.e. fp8 prefill
-  attention), with and without DCP. Under DCP every rank gathers its own
-  cache in the padded local layout vLLM's builder planned (`padded_local_cu_seq_lens`,
-  `padded_local_token_to_seq`, local `starts`): the layout the tests' DCP oracle builds, which
-  the tests check field by field; reading it from the metadata costs no host work per layer.
-  vLLM 0.32 inlines that read in `MLACommonBaseImpl._compute_prefill_context` and
-  `_context_parallel_compute_prefill_context`; both are overridden here with one loop that
-  calls `gather_context_chunk`, the single place the read happens.
+  `torch.ops.vllm_blackwell_ext.gather_and_maybe_dequant_cache` (fp8 dequantised on the way),
+  with and without DCP, in `bwx_mla_context` (`BwxMLAContextPrefill`, a base of the impl).
 
-Every vLLM name this backend depends on is imported in this module; what differs between the
-supported vLLM versions is decided in `vllm_compat`.
+Every vLLM name this backend depends on is imported in this module or `bwx_mla_context`; what
+differs between the supported vLLM versions is decided in `vllm_compat`.
 """
 
 from __future__ import annotations
@@ -39,12 +34,7 @@ from vllm.model_executor.layers.attention.mla_attention import (
     MLACommonImpl,
     MLACommonMetadata,
     MLACommonMetadataBuilder,
-    MLACommonPrefillMetadata,
     QueryLenSupport,
-    _get_kv_b_proj_input_dtype,
-    accumulate_mla_context_chunk,
-    init_mla_context_partial,
-    reorg_kvcache,
 )
 from vllm.platforms import current_platform
 from vllm.platforms.interface import DeviceCapability
@@ -57,6 +47,7 @@ from vllm.v1.attention.backend import (
 )
 
 import vllm_blackwell_ext.ops  # noqa: F401  (registers torch.ops.vllm_blackwell_ext.*)
+from vllm_blackwell_ext.attention.bwx_mla_context import BwxMLAContextPrefill
 from vllm_blackwell_ext.attention.jit_warmup import (
     MLA_DECODE_WARMUP,
     MLA_GATHER_WARMUP,
@@ -66,16 +57,18 @@ from vllm_blackwell_ext.attention.jit_warmup import (
 from vllm_blackwell_ext.kernels import device as kernel_device
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
 from vllm_blackwell_ext.kernels.mla_decode import (
+    PREFERRED_BLOCK_SIZE,
     SUPPORTED_LATENT,
     MlaCacheLayout,
+    MlaDecodePlan,
     MlaDecodeWorkspace,
+    check_layout_serves_plan,
+    check_mla_decode_inputs,
+    device_reads_tma,
+    launch_mla_decode,
     mla_cache_layout,
-    mla_decode,
-    mla_decode_config,
     plan_mla_decode,
 )
-from vllm_blackwell_ext.kernels.mla_decode_configs import PREFERRED_BLOCK_SIZE
-from vllm_blackwell_ext.kernels.mla_decode_gluon import gluon_decode_supported
 from vllm_blackwell_ext.kv_cache_dtypes import FP8_KV_CACHE_DTYPES
 from vllm_blackwell_ext.vllm_compat import mla_kv_update_takes_skip_scale
 
@@ -104,10 +97,20 @@ class BwxMLADecodeScratch:
 
 @dataclass
 class BwxMLADecodeMetadata(MLACommonDecodeMetadata):
-    # Host ints planned in the builder (never read back from the device in forward).
-    query_len: int = 1
-    num_splits: int = 1
+    # The builder's plan of this batch's decode (never read back from the device in forward):
+    # every layer launches it as it is.
+    plan: MlaDecodePlan | None = None
     scratch: BwxMLADecodeScratch | None = None
+
+    @property
+    def query_len(self) -> int:
+        assert self.plan is not None
+        return self.plan.query_len
+
+    @property
+    def num_splits(self) -> int:
+        assert self.plan is not None
+        return self.plan.num_splits
 
 
 @dataclass
@@ -170,9 +173,11 @@ class BwxMLAMetadataBuilder(MLACommonMetadataBuilder[BwxMLAMetadata]):
         # DCP all-gathers the query heads before forward_mqa.
         self._decode_heads = self.num_heads * self.dcp_world_size
         # vLLM's MLA cache is contiguous [pages, page, width]: a TMA entry of the config table
-        # takes it where the page size allows, and the split plans are made for that entry
-        # (as the JIT warm-up compiles it).
-        self._tma_page_size = kv_cache_spec.block_size
+        # takes it where the device and the page size allow, and the plans are made for that
+        # entry (as the JIT warm-up compiles it); each layer checks that once per cache.
+        self._tma_page_size = (
+            kv_cache_spec.block_size if device_reads_tma(self._device_info) else None
+        )
         scheduler_config = vllm_config.scheduler_config
         self._max_decode_tokens = min(
             scheduler_config.max_num_seqs * self.reorder_batch_threshold,
@@ -212,17 +217,21 @@ class BwxMLAMetadataBuilder(MLACommonMetadataBuilder[BwxMLAMetadata]):
         parts = self.dcp_world_size * interleave
         return (seq_len + parts - 1) // parts * interleave
 
-    def _plan(self, batch: int, max_seq_len: int, query_len: int) -> int:
-        num_splits, _config = plan_mla_decode(
+    def _plan(self, batch: int, max_seq_len: int, query_len: int) -> MlaDecodePlan:
+        # The query reaches the kernel contiguous in the decode scratch (`forward_mqa` puts a
+        # query there unless it already is), which the Gluon variant reads through TMA.
+        return plan_mla_decode(
             batch,
             self._decode_heads,
             max(1, max_seq_len),
             query_len,
             self._device_info,
             kv_dtype=self._kv_dtype,
+            q_dtype=self.model_config.dtype,
+            kv_lora_rank=self.mla_dims.kv_lora_rank,
             tma_page_size=self._tma_page_size,
+            query_tma_readable=True,
         )
-        return int(num_splits)
 
     def _allocate_decode_scratch(self) -> BwxMLADecodeScratch:
         """Size every decode buffer for the largest batch the scheduler can form (host-only)."""
@@ -281,13 +290,11 @@ class BwxMLAMetadataBuilder(MLACommonMetadataBuilder[BwxMLAMetadata]):
                 f"(max_num_seqs x query length), got num_decode_tokens={num_decode_tokens}"
             )
         plan_len = self._longest_local_context if self._capturing else max_seq_len
-        num_splits = self._plan(num_decodes, plan_len, query_len)
         return BwxMLADecodeMetadata(
             block_table=block_table_tensor,
             seq_lens=seq_lens_device,
             dcp_tot_seq_lens=dcp_tot_seq_lens_device,
-            query_len=query_len,
-            num_splits=num_splits,
+            plan=self._plan(num_decodes, plan_len, query_len),
             scratch=self._decode_scratch,
         )
 
@@ -364,7 +371,7 @@ class BwxMLABackend(MLACommonBackend):
         return False
 
 
-class BwxMLAImpl(MLACommonImpl[BwxMLAMetadata]):
+class BwxMLAImpl(BwxMLAContextPrefill, MLACommonImpl[BwxMLAMetadata]):
     can_return_lse_for_decode: bool = True
     lse_base_on_e: bool = True  # the kernel's LSE is a natural log
     supports_dcp: bool = True
@@ -444,6 +451,48 @@ class BwxMLAImpl(MLACommonImpl[BwxMLAMetadata]):
         return layout
 
     # ------------------------------------------------------------------ decode
+    def _decode_query(
+        self,
+        q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        scratch: BwxMLADecodeScratch,
+    ) -> torch.Tensor:
+        """The [tokens, heads, latent] query the plan was made for: contiguous at a 16-byte
+        address (the builder's scratch), where vLLM's parts are concatenated."""
+        if isinstance(q, tuple):
+            ql_nope, q_pe = q
+            tokens, heads = ql_nope.shape[0], ql_nope.shape[1]
+            width = ql_nope.shape[-1] + q_pe.shape[-1]
+            q_full = scratch.q[: tokens * heads * width].view(tokens, heads, width)
+            torch.cat((ql_nope, q_pe), dim=-1, out=q_full)
+            return q_full
+        if q.is_contiguous() and q.data_ptr() % 16 == 0:
+            return q
+        q_full = scratch.q[: q.numel()].view(q.shape)
+        q_full.copy_(q)
+        return q_full
+
+    def check_decode_inputs(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        decode: BwxMLADecodeMetadata,
+        out: torch.Tensor,
+        lse: torch.Tensor | None,
+        k_scale: torch.Tensor | None,
+        layout: MlaCacheLayout,
+    ) -> None:
+        """The decode's inputs over a cache this layer has not decoded over yet (once per
+        cache tensor: later steps bring tensors of the same layout), and that the builder's
+        plans can read the cache as they assume (TMA where its page size allows)."""
+        assert decode.plan is not None
+        check_mla_decode_inputs(
+            q, kv_cache, decode.block_table, decode.seq_lens, out,
+            kv_lora_rank=self.kv_lora_rank, query_len=decode.plan.query_len,
+            k_scale=k_scale, lse_out=lse,
+        )  # fmt: skip
+        check_layout_serves_plan(layout, decode.plan)
+        self._checked_cache = weakref.ref(kv_cache)
+
     def forward_mqa(
         self,
         q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
@@ -453,16 +502,10 @@ class BwxMLAImpl(MLACommonImpl[BwxMLAMetadata]):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         decode = attn_metadata.decode
         assert isinstance(decode, BwxMLADecodeMetadata) and decode.scratch is not None
-        scratch = decode.scratch
-        if isinstance(q, tuple):
-            ql_nope, q_pe = q
-            tokens, heads = ql_nope.shape[0], ql_nope.shape[1]
-            width = ql_nope.shape[-1] + q_pe.shape[-1]
-            q_full = scratch.q[: tokens * heads * width].view(tokens, heads, width)
-            torch.cat((ql_nope, q_pe), dim=-1, out=q_full)
-        else:
-            q_full = q
-            tokens, heads = q.shape[0], q.shape[1]
+        plan, scratch = decode.plan, decode.scratch
+        assert plan is not None
+        q_full = self._decode_query(q, scratch)
+        tokens, heads = q_full.shape[0], q_full.shape[1]
         out = scratch.out[: tokens * heads * self.kv_lora_rank].view(
             tokens, heads, self.kv_lora_rank
         )
@@ -471,37 +514,30 @@ class BwxMLAImpl(MLACommonImpl[BwxMLAMetadata]):
             if self.need_to_return_lse_for_decode
             else None
         )
+        k_scale = layer._k_scale if self._fp8_cache else None
         layout = self._cache_layout(kv_c_and_k_pe_cache)
-        checked = self._checked_cache is not None and self._checked_cache() is kv_c_and_k_pe_cache
-        mla_decode(
+        if self._checked_cache is None or self._checked_cache() is not kv_c_and_k_pe_cache:
+            self.check_decode_inputs(q_full, kv_c_and_k_pe_cache, decode, out, lse, k_scale, layout)
+        launch_mla_decode(
+            plan,
             q_full,
             kv_c_and_k_pe_cache,
             decode.block_table,
             decode.seq_lens,
             out,
             softmax_scale=self.scale,
-            kv_lora_rank=self.kv_lora_rank,
-            query_len=decode.query_len,
-            k_scale=layer._k_scale if self._fp8_cache else None,
+            k_scale=k_scale,
             lse_out=lse,
             workspace=scratch.workspace,
-            num_splits=decode.num_splits,
-            check_inputs=not checked,
             cache_layout=layout,
         )
-        if not checked:
-            self._checked_cache = weakref.ref(kv_c_and_k_pe_cache)
         if not self._decode_reads_logged:
             self._decode_reads_logged = True
-            rows = heads * decode.query_len
-            cfg = mla_decode_config(kv_c_and_k_pe_cache, rows, decode.seq_lens.shape[0])
-            if cfg.tma:
-                gluon = cfg.gluon and gluon_decode_supported(
-                    q_full, kv_c_and_k_pe_cache, self.kv_lora_rank
-                )
+            if plan.reads_tma:
                 logger.info_once(
-                    "BWX_MLA: decode reads the cache's 64-key tiles through TMA (%d rows, %s "
-                    "kernel)", rows, "Gluon" if gluon else "Triton",
+                    "BWX_MLA: decode reads the cache's %d-key tiles through TMA (%d rows, %s "
+                    "kernel)", plan.config.block_n, plan.rows,
+                    "Gluon" if plan.variant == "gluon" else "Triton",
                 )  # fmt: skip
         return out, lse
 
@@ -541,153 +577,3 @@ class BwxMLAImpl(MLACommonImpl[BwxMLAMetadata]):
         slots = slot_mapping.flatten().long()
         valid = slots >= 0  # padding tokens carry slot -1
         flat[slots[valid]] = rows[valid]
-
-    # ------------------------------------------------------------------ context prefill
-    def gather_context_chunk(
-        self,
-        kv_c_and_k_pe_cache: torch.Tensor,
-        block_table: torch.Tensor,
-        chunk: MLACommonPrefillMetadata.ContextChunk,
-        workspace: torch.Tensor,
-        k_scale: torch.Tensor,
-    ) -> torch.Tensor:
-        """Read one context chunk out of this rank's paged cache into `workspace[:rows]`.
-
-        Without DCP the rows are the chunk's context tokens in request order. Under DCP they
-        are this rank's padded local layout, as vLLM's builder planned it (every rank gets
-        the same `padded_local_cu_seq_lens` / `padded_local_token_to_seq` and local
-        `starts`; a rank holding fewer tokens of a request leaves pad rows that
-        `reorg_kvcache` drops after the all-gather). fp8 caches are dequantised by our op,
-        so the workspace is always in the model dtype.
-        """
-        if self.dcp_world_size > 1:
-            assert chunk.padded_local_cu_seq_lens is not None
-            assert chunk.padded_local_token_to_seq is not None
-            rows = chunk.num_local_context_tokens
-            cu_seq_lens = chunk.padded_local_cu_seq_lens
-            token_to_seq = chunk.padded_local_token_to_seq
-        else:
-            rows = chunk.num_context_tokens
-            cu_seq_lens = chunk.cu_seq_lens
-            token_to_seq = chunk.token_to_seq
-        if workspace.dtype == kv_c_and_k_pe_cache.dtype == current_platform.fp8_dtype():
-            # fp8 prefill attention (vLLM's use_prefill_query_quantization): raw fp8 rows.
-            # The rows this chunk fills, as vLLM passes them: the kernel's grid covers dst.
-            torch.ops.vllm_blackwell_ext.cp_gather_cache(
-                kv_c_and_k_pe_cache,
-                workspace[:rows],
-                block_table,
-                cu_seq_lens,
-                chunk.num_requests,
-                chunk.starts,
-            )
-        else:
-            # bf16 caches are copied, fp8 ones dequantised (x k_scale) into the model dtype.
-            torch.ops.vllm_blackwell_ext.gather_and_maybe_dequant_cache(
-                kv_c_and_k_pe_cache,
-                workspace,
-                block_table,
-                cu_seq_lens,
-                token_to_seq,
-                rows,
-                self.kv_cache_dtype,
-                k_scale,
-                chunk.starts,
-            )
-        return workspace[:rows]
-
-    def _compute_prefill_context(
-        self,
-        q: torch.Tensor,
-        kv_c_and_k_pe_cache: torch.Tensor,
-        attn_metadata: MLACommonMetadata,
-        k_scale: torch.Tensor,
-    ):
-        return self._prefill_context(q, kv_c_and_k_pe_cache, attn_metadata, k_scale)
-
-    def _context_parallel_compute_prefill_context(
-        self,
-        q: torch.Tensor,
-        kv_c_and_k_pe_cache: torch.Tensor,
-        attn_metadata: MLACommonMetadata,
-        k_scale: torch.Tensor,
-        dcp_world_size: int,
-        fused_mla_kv_concat_fn=None,
-    ):
-        return self._prefill_context(q, kv_c_and_k_pe_cache, attn_metadata, k_scale)
-
-    def _prefill_context(
-        self,
-        q: torch.Tensor,
-        kv_c_and_k_pe_cache: torch.Tensor,
-        attn_metadata: MLACommonMetadata,
-        k_scale: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """vLLM 0.32's chunked-context loop (with and without DCP), reading via our gather."""
-        prefill = attn_metadata.prefill
-        assert prefill is not None and prefill.prefill_backend is not None
-        chunked = prefill.chunked_context
-        assert chunked is not None
-        use_fp8_prefill = prefill.q_data_type == current_platform.fp8_dtype()
-        kv_b_proj_input_dtype = _get_kv_b_proj_input_dtype(self.kv_b_proj, use_fp8_prefill)
-        if use_fp8_prefill:
-            q = q.to(prefill.q_data_type)
-        workspace = chunked.workspace
-        dcp = self.dcp_world_size
-        output = output_lse = None
-        for chunk in chunked.chunks:
-            block_table = prefill.block_table[chunk.request_slice]
-            if dcp > 1:
-                # workspace = [local rows | dcp x local rows for the all-gather]
-                allgather_offset = workspace.shape[0] // (dcp + 1)
-                local = self.gather_context_chunk(
-                    kv_c_and_k_pe_cache,
-                    block_table,
-                    chunk,
-                    workspace[:allgather_offset],
-                    k_scale,
-                )
-                toks = local.shape[0]
-                gathered = workspace[allgather_offset : allgather_offset + toks * dcp]
-                assert chunked.dcp_manager is not None
-                chunked.dcp_manager.kv_gather(gathered, local)
-                kv_c_normed, k_pe = reorg_kvcache(
-                    *gathered.unsqueeze(1).split(
-                        [self.kv_lora_rank, self.qk_rope_head_dim], dim=-1
-                    ),
-                    padded_local_chunk_seq_lens_lst=chunk.padded_local_seq_lens,
-                    local_context_lens_allranks=chunk.local_context_lens_allranks,
-                    local_starts=chunk.local_starts,
-                    sum_seq_len=chunk.num_context_tokens,
-                    max_seq_len=chunk.max_seq_len,
-                    toks=toks,
-                )
-                kv_c_normed = kv_c_normed.squeeze(1)
-            else:
-                rows = self.gather_context_chunk(
-                    kv_c_and_k_pe_cache, block_table, chunk, workspace, k_scale
-                )
-                kv_c_normed = rows[..., : self.kv_lora_rank]
-                k_pe = rows[..., self.kv_lora_rank :].unsqueeze(1)
-            if kv_b_proj_input_dtype is not None:
-                kv_c_normed = kv_c_normed.to(kv_b_proj_input_dtype)
-            kv_nope = self.kv_b_proj(kv_c_normed)[0].view(
-                -1, self.num_heads, self.qk_nope_head_dim + self.v_head_dim
-            )
-            if use_fp8_prefill:
-                kv_nope = kv_nope.to(prefill.q_data_type)
-                k_pe = k_pe.to(prefill.q_data_type)
-            k_nope, v = kv_nope.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
-            k = self._concat_k_nope_k_pe(k_nope, k_pe)
-            attn_output, attn_lse = prefill.prefill_backend.run_prefill_context_chunk(
-                chunk=chunk, q=q[chunk.token_slice], k=k, v=v
-            )
-            if output is None:
-                if len(chunked.chunks) == 1 and not chunked.empty_token_slices:
-                    return attn_output, attn_lse
-                output, output_lse = init_mla_context_partial(
-                    chunked, attn_output, attn_lse, num_tokens=q.shape[0]
-                )
-            accumulate_mla_context_chunk(chunk, attn_output, attn_lse, output, output_lse)
-        assert output is not None and output_lse is not None
-        return output, output_lse

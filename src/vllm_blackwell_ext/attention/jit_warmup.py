@@ -32,8 +32,14 @@ from vllm_blackwell_ext.kernels.fresh_prefill import (
     fresh_prefill_supported,
 )
 from vllm_blackwell_ext.kernels.kv_gather import gather_and_maybe_dequant_cache
-from vllm_blackwell_ext.kernels.mla_decode import SUPPORTED_LATENT, WIDE_MERGE_SPLITS, mla_decode
-from vllm_blackwell_ext.kernels.mla_decode_configs import FEW_PROGRAMS, get_mla_decode_config
+from vllm_blackwell_ext.kernels.mla_decode import (
+    FEW_PROGRAMS,
+    SUPPORTED_LATENT,
+    WIDE_MERGE_SPLITS,
+    device_reads_tma,
+    mla_decode,
+    plan_mla_decode,
+)
 from vllm_blackwell_ext.kernels.paged_attention import (
     SPLIT_KV_MAX_QUERY_LEN,
     AttnConfig,
@@ -313,15 +319,17 @@ def mla_decode_warmup_keys(
     or many (one split; split with each merge config): a captured graph fixes one split plan
     per batch size, eager mixed batches plan any."""
     keys, configs = [], set()
-    kv_tag = "fp8" if kind.kv_dtype == torch.float8_e4m3fn else "bf16"
+    # The scratch cache of `launch_mla_decode_warmup` is contiguous, as vLLM's is: TMA entries
+    # apply to both alike.
+    tma_page_size = kind.block_size if device_reads_tma(info) else None
     for query_len in range(1, max_query_len + 1):
         for batch in (1, FEW_PROGRAMS + 1):
-            rows = query_len * kind.num_heads
-            # The scratch cache of `launch_mla_decode_warmup` is contiguous, as vLLM's is: TMA
-            # entries apply to both alike.
-            cfg = get_mla_decode_config(
-                info.device_class, kv_tag, rows, batch, tma_page_size=kind.block_size
-            )
+            # The plan's config (and with it its variant) is the same for any split count.
+            cfg = plan_mla_decode(
+                batch, kind.num_heads, None, query_len, info, kv_dtype=kind.kv_dtype,
+                q_dtype=kind.q_dtype, kv_lora_rank=kind.kv_lora_rank,
+                tma_page_size=tma_page_size, num_splits=1,
+            ).config  # fmt: skip
             if cfg not in configs:
                 configs.add(cfg)
                 keys += [MlaDecodeKey(kind, query_len, n, batch) for n in (1, 2, WIDE_MERGE_SPLITS)]

@@ -1,37 +1,29 @@
-"""The split stage of MLA decode for 64-row tiles on Hopper, in Gluon.
+"""The split stage of MLA decode for 64-row tiles on Hopper, in Gluon (the `gluon` variant).
 
-`mla_decode`'s Triton split kernel, given a 64-row tile on 8 warps (128 heads at TP1, 16 heads
-x 4 query tokens), lays the score dot out over [8, 1] warps, so both warp groups compute the
-whole 64 x 64 score tile before each multiplies P by its half of the 512 latent columns: 1.53x
-the tile's tensor-core work. This kernel places the work on the warp groups itself: the scores
-as [4, 2] warps (each group 32 of the tile's 64 keys over all 576 columns), the softmax's row
-max and sum reduced across the two groups, P staged in shared memory, and P @ V as [4, 2] warps
-again (each group 256 latent columns). Each tile's latent columns arrive in one 3D TMA copy
-(the tile's own byte order in shared memory) and its rope columns in a second, two stages
-deep; the query tile once. H100 / H200, 128 heads B=64 x 32k, against the Triton kernel of the
-same tile: 1.63x / 1.52x (`benchmarks/experiments/mla_decode_gluon.py`,
-`h100-mla-decode-gluon.txt`, `h200-mla-decode-gluon.txt`).
+Jit code only. The Triton split kernel, given a 64-row tile on 8 warps (128 heads at TP1, 16
+heads x 4 query tokens), lays the score dot out over [8, 1] warps, so both warp groups compute
+the whole 64 x 64 score tile before each multiplies P by its half of the 512 latent columns:
+half again the tile's tensor-core work. This kernel places the work on the warp groups itself:
+the scores as [4, 2] warps (each group 32 of the tile's 64 keys over all 576 columns), the
+softmax's row max and sum reduced across the two groups, P staged in shared memory, and P @ V
+as [4, 2] warps again (each group 256 latent columns). Each tile's latent columns arrive in
+one 3D TMA copy (the tile's own byte order in shared memory) and its rope columns in a second,
+two stages deep; the query tile once.
 
 An fp8 e4m3 cache's tiles land in fp8 stages (half the bytes in flight) and all eight warps
-widen each into one bf16 tile in shared memory (exact, in integer ops: `_e4m3_to_bf16`)
-before the same dots; the per-tensor scale multiplies the scores and the output, as in the
-Triton kernels. The stage is refilled as soon as it is widened. H100, 128 heads B=64 x 32k:
-308.0 TFLOP/s against 205.0 for the Triton kernel of the same tile (1.50x), 16 heads x 4 query
-tokens 1.54x (`benchmarks/experiments/mla_fp8_gluon.py`, `h100-mla-fp8-gluon-int-widening.txt`;
-with Triton's e4m3 -> fp16 -> bf16 conversions: 1.31x / 1.29x, `h100-mla-fp8-gluon.txt`).
+widen each into one bf16 tile in shared memory (exact, in integer ops: `e4m3_to_bf16`) before
+the same dots; the per-tensor scale multiplies the scores and the output, as in the Triton
+kernels. The stage is refilled as soon as it is widened. Integer widening keeps the
+conversion pipe free, which Triton's e4m3 -> fp16 -> bf16 conversions would fill (see
+benchmarks/README.md, routes tried).
 
 It computes what `_mla_decode_split_kernel` does for its programs (same program order, key
-splits, causal rows, outputs and partials), so `mla_decode` launches one or the other and the
-same merge. Scope: sm90, a bf16 query over a bf16 or fp8 e4m3 cache with pages a multiple of
-64 tokens read through TMA (`MlaDecodeConfig.gluon`), latent 512 + rope 64, a contiguous
-query. Gluon does not run under the CPU interpreter: the kernel is checked there by compiling
-it offline for sm90 (`tune_mla_decode.py --check sm90`), and runs against the reference on
-the GPU.
+splits, causal rows, outputs and partials), so a plan launches one or the other and the same
+merge. Scope (`plan.gluon_supported`): sm90, a bf16 query over a bf16 or fp8 e4m3 cache with
+pages a multiple of 64 tokens read through TMA, latent 512 + rope 64, a contiguous query.
+Gluon does not run under the CPU interpreter: the kernel is checked there by compiling it
+offline for sm90 (`tune_mla_decode.py --check sm90`), and runs against the reference on the GPU.
 """
-
-from __future__ import annotations
-
-import torch
 
 try:
     from triton.experimental import gluon
@@ -43,37 +35,13 @@ try:
         warpgroup_mma,
         warpgroup_mma_wait,
     )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401 (probe)
 
     # A CTA barrier: `gl.barrier` from Triton 3.7 on, `gl.thread_barrier` in 3.6.
     _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
     GLUON_AVAILABLE = True
-except (ImportError, AttributeError):  # no Gluon Hopper API: `mla_decode` keeps Triton's kernel
+except (ImportError, AttributeError):  # no Gluon Hopper API: plans keep Triton's kernels
     GLUON_AVAILABLE = False
-
-# Latent and rope widths, rows and keys per tile: the one shape this kernel is built for.
-GLUON_KV_LORA_RANK = 512
-GLUON_ROPE_DIM = 64
-BLOCK_M = 64
-BLOCK_N = 64
-NUM_WARPS = 8
-_CHUNK = 64  # columns per swizzled row of a tile's latent chunk: one TMA box's width
-
-
-def gluon_decode_supported(q: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int) -> bool:
-    """Whether a launch `MlaDecodeConfig.gluon` selects can run here: Gluon's Hopper API, a
-    bf16 query (the dtype it is measured and tested with; the kernel itself takes q's dtype)
-    over a bf16 or fp8 e4m3 cache, the widths above, and a contiguous q (its rows are read
-    through TMA)."""
-    return (
-        GLUON_AVAILABLE
-        and kv_lora_rank == GLUON_KV_LORA_RANK
-        and kv_cache.shape[-1] == GLUON_KV_LORA_RANK + GLUON_ROPE_DIM
-        and q.dtype == torch.bfloat16
-        and kv_cache.dtype in (torch.bfloat16, torch.float8_e4m3fn)
-        and q.is_contiguous()
-        and q.data_ptr() % 16 == 0
-    )
 
 
 if GLUON_AVAILABLE:
@@ -107,11 +75,11 @@ if GLUON_AVAILABLE:
         src = _chunks(lat8, R, BN, 2)
         dst = _chunks(lat, R, BN, 2)
         for c in gl.static_range(R // 64):
-            dst.index(c).store(_e4m3_to_bf16(src.index(c).load(layout)))
-        rope.store(_e4m3_to_bf16(rope8.load(layout)))
+            dst.index(c).store(e4m3_to_bf16(src.index(c).load(layout)))
+        rope.store(e4m3_to_bf16(rope8.load(layout)))
 
     @gluon.jit
-    def _e4m3_to_bf16(x):
+    def e4m3_to_bf16(x):
         """e4m3 values as bf16 (exact), four at a time in integer ops plus one bf16x2 multiply:
         each byte moves to the high byte of a 16-bit lane, its sign stays at bit 15 and its 7
         magnitude bits shift right by 4 into the bf16's exponent and mantissa fields, which is
@@ -330,61 +298,3 @@ if GLUON_AVAILABLE:
             row_off = tok * stride_pt + head * stride_ph + split * stride_ps
             gl.store(O_PART + row_off[:, None] + cols[None, :], o, mask=mask)
             gl.store(L_PART + tok * stride_lt + head * stride_lh + split, lse2, mask=row_ok)
-
-
-def _descriptors(t: torch.Tensor, rows: int, block_rows: int) -> tuple:
-    """Descriptors of a [rows, R + P] view of `t`: its latent columns as R / 64 chunks of
-    [block_rows, 64] (one 3D copy), and its rope columns as [block_rows, P]; each 64-column
-    row swizzled over its own width (128 bytes of bf16, 64 of fp8)."""
-    width = GLUON_KV_LORA_RANK + GLUON_ROPE_DIM
-    bits = t.element_size() * 8
-    chunks = GLUON_KV_LORA_RANK // _CHUNK
-    swizzle = _CHUNK * bits // 8
-    return (
-        TensorDescriptor(
-            t, [chunks, rows, _CHUNK], [_CHUNK, width, 1], [chunks, block_rows, _CHUNK],
-            gl.NVMMASharedLayout(swizzle, bits, rank=3),
-        ),
-        TensorDescriptor(
-            t, [rows, width], [width, 1], [block_rows, GLUON_ROPE_DIM],
-            gl.NVMMASharedLayout(swizzle, bits),
-        ),
-    )  # fmt: skip
-
-
-def cache_descriptors(kv_cache: torch.Tensor) -> tuple:
-    """The cache's two descriptors (a contiguous [pages, page, R + P] cache): made once per
-    cache by callers that keep them (`MlaCacheLayout`)."""
-    pages, page, _ = kv_cache.shape
-    return _descriptors(kv_cache, pages * page, BLOCK_N)
-
-
-def launch_split(
-    grid: tuple[int, int, int],
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    kv_descs: tuple,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    outputs: tuple,
-    strides: tuple,
-    scalars: tuple,
-    *,
-    k_scale: torch.Tensor | None,
-    causal: bool,
-    single: bool,
-    has_lse: bool,
-):
-    """Launch the split stage: `outputs` (o_part, l_part, out, lse), `strides` (block table,
-    partials x 5, out x 2, lse), `scalars` (qk_scale_log2, num_heads, query_len, num_splits,
-    num_row_groups) as `mla_decode` passes them to the Triton kernel; `k_scale` an fp8 cache's
-    per-tensor scale. Returns the compiled kernel."""
-    tokens, heads, _ = q.shape
-    q_descs = _descriptors(q, tokens * heads, BLOCK_M)
-    has_scale = k_scale is not None
-    return _mla_decode_gluon_kernel[grid](
-        *q_descs, *kv_descs, block_table, seq_lens, *outputs,
-        k_scale if has_scale else outputs[2], *strides, *scalars,
-        GLUON_KV_LORA_RANK, GLUON_ROPE_DIM, kv_cache.shape[1], causal, single, has_lse, has_scale,
-        num_warps=NUM_WARPS,
-    )  # fmt: skip
