@@ -87,7 +87,7 @@ def environment_report(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
     return problems, warnings
 
 
-def _mla_decode_report(info: Any) -> dict[str, str]:
+def mla_decode_plans(info: Any) -> dict[str, str]:
     """The MLA decode plan BWX_MLA makes on this device for a DeepSeek-shaped step (128 heads,
     64 requests at 32k over vLLM's 64-token pages), per cache dtype: variant, tiles, splits."""
     import torch
@@ -111,6 +111,38 @@ def _mla_decode_report(info: Any) -> dict[str, str]:
     }
 
 
+def paged_attention_plans(info: Any) -> dict[str, str]:
+    """The plans BWX_ATTN makes on this device for a Qwen3-8B-shaped layer (32 query and 8 KV
+    heads of 128) over its preferred pages: decode, verify and prefill, bf16 and fp8 caches."""
+    import torch
+
+    from vllm_blackwell_ext.kernels.device import MIN_FP8_CAPABILITY
+    from vllm_blackwell_ext.kernels.paged_attention import (
+        AttnShape,
+        plan_paged_attention,
+        preferred_block_size,
+    )
+
+    page = preferred_block_size(info.device_class, 16)
+    dtypes = {"bf16": torch.bfloat16}
+    if info.capability >= MIN_FP8_CAPABILITY:
+        dtypes["fp8"] = torch.float8_e4m3fn
+    steps = {"decode B=64 x 32k": (64, 1), "verify q=16 B=8 x 32k": (128, 16)}
+    steps["prefill 8k"] = (8192, 8192)
+    report = {}
+    for tag, kv in dtypes.items():
+        shape = AttnShape.for_cache(
+            info, q_dtype=torch.bfloat16, kv_dtype=kv, num_q_heads=32, num_kv_heads=8,
+            head_size=128, head_size_v=128, block_size=page, tma_readable=True,
+        )  # fmt: skip
+        for step, (tokens, q_len) in steps.items():
+            plan = plan_paged_attention(
+                shape, num_tokens=tokens, max_seqlen_q=q_len, max_seqlen_k=32768
+            )
+            report[f"{tag} cache, {step}, pages of {page}"] = plan.describe()
+    return report
+
+
 def _device_report() -> dict[str, Any]:
     try:
         import torch
@@ -128,7 +160,8 @@ def _device_report() -> dict[str, Any]:
         "device_class": info.device_class,
         "num_sms": info.num_sms,
         "smem_per_block": info.smem_per_block,
-        "mla_decode": _mla_decode_report(info),
+        "paged_attention": paged_attention_plans(info),
+        "mla_decode": mla_decode_plans(info),
     }
 
 
@@ -228,6 +261,8 @@ def _print_doctor(report: dict[str, Any], ok: bool) -> None:
                 f"{dev['num_sms']} SMs, {dev['smem_per_block']} B smem/block)",
             )
         )
+        for case, plan in dev.get("paged_attention", {}).items():
+            rows.append((f"BWX_ATTN ({case})", plan))
         for case, plan in dev.get("mla_decode", {}).items():
             rows.append((f"MLA decode ({case})", plan))
     else:

@@ -88,3 +88,26 @@ def test_the_commands_are_doctor_and_demo():
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "kv-gather"])
     assert exit_info.value.code == 2
+
+
+def test_doctor_shows_the_plans_each_backend_makes_on_the_device():
+    """`vllm-bwx doctor` reads the plans the backends launch (variant, splits, tiles), for a
+    Hopper here: prefill over whole-tile pages takes TMA tiles where this Triton compiles
+    them, decode gathers; fp8 rows only where the device has fp8."""
+    from vllm_blackwell_ext.cli import mla_decode_plans, paged_attention_plans
+    from vllm_blackwell_ext.kernels.device import DeviceInfo
+    from vllm_blackwell_ext.kernels.launch_cache import triton_version
+    from vllm_blackwell_ext.kernels.paged_attention import PREFILL_TMA_MIN_TRITON
+
+    hopper = DeviceInfo("H100", (9, 0), num_sms=132, smem_per_block=232_448)
+    attn = paged_attention_plans(hopper)
+    prefill = attn["bf16 cache, prefill 8k, pages of 128"]
+    tma = triton_version() >= PREFILL_TMA_MIN_TRITON
+    assert prefill.startswith("triton_tma: " if tma else "triton_gather: ")
+    assert attn["fp8 cache, decode B=64 x 32k, pages of 128"].startswith("triton_gather: ")
+    assert set(mla_decode_plans(hopper)) == {
+        "bf16 cache, 128 heads, B=64 x 32k",
+        "fp8 cache, 128 heads, B=64 x 32k",
+    }
+    ampere = DeviceInfo("A100", (8, 0), num_sms=108, smem_per_block=166_912)
+    assert all(k.startswith("bf16") for k in paged_attention_plans(ampere))
