@@ -10,6 +10,9 @@ cd "$root"
 echo "[test] ruff"
 ruff check .
 ruff format --check .
+echo "[test] lint-imports"
+# Import contracts ([tool.importlinter] in pyproject.toml): which layer may import which.
+lint-imports
 # Where this run happens (pytest -q hides the session header that says the same).
 python -c 'from vllm_blackwell_ext.host_cpu import cpu_summary_line as h; print("[test] host CPU:", h())'
 # Whether vLLM's own CPU attention kernel runs here (the serve test skips that path if not).
