@@ -9,8 +9,8 @@ it cannot see names. This test reads every `.py` under `tests/` and `benchmarks/
   (`vllm_blackwell_ext._registration`, `import vllm_blackwell_ext.x._y`, `import_module(...)`);
 - `<alias>._name`, where the alias (or an attribute chain from it) is a module of the package;
 - assignments to an attribute of such a module (`pa.LAUNCHER = ...`, `del pa.X`,
-  `setattr(pa, ...)`, `monkeypatch.setattr(pa, ...)` / `monkeypatch.setattr("vllm_blackwell_ext.x.Y", ...)`,
-  `mock.patch("vllm_blackwell_ext....")`, `mock.patch.object(pa, ...)`): patching module globals.
+  `setattr(pa, ...)`, `monkeypatch.setattr(pa, ...)`, `monkeypatch.setattr("pkg.x.Y", ...)`,
+  `mock.patch("pkg....")`, `mock.patch.object(pa, ...)`): patching module globals.
 
 A name is private when it starts with one underscore (dunder names such as `__version__` are
 public). An exception goes into ALLOWED with the reason beside it; it is empty on purpose.
