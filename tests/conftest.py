@@ -45,6 +45,7 @@ def pytest_report_header(config) -> list[str]:
     ]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
 def pytest_collection_modifyitems(config, items) -> None:
     """Keep tests that share a module- or class-scoped fixture on one pytest-xdist worker.
 
