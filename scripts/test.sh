@@ -33,12 +33,14 @@ if [[ $# -eq 0 && -n "$series" && -z "${BWX_SERIES_AFTER:-}" ]]; then
   run_series > "$series_log" 2>&1 &
   series_pid=$!
 fi
-# Every core (pytest-xdist): tests sharing a module's fixtures stay on one worker (the
-# `xdist_group` marks of tests/conftest.py). BWX_PYTEST_WORKERS=1 runs in one process.
+# Every core (pytest-xdist). `--dist loadfile`: each test file runs whole in one worker, so a
+# module-scoped fixture (a module's vLLM engines) is still made once. (`loadgroup` would spread
+# finer, but pytest-xdist 3.8 cannot rename the node ids of pytest 9, so its groups are ignored.)
+# BWX_PYTEST_WORKERS=1 runs in one process.
 workers=${BWX_PYTEST_WORKERS:-$(nproc)}
 xdist=()
 if [[ "$workers" -gt 1 ]] && python -c "import xdist" 2>/dev/null; then
-  xdist=(-n "$workers" --dist loadgroup)
+  xdist=(-n "$workers" --dist loadfile)
 fi
 echo "[test] pytest ${xdist[*]}"
 pytest_start=$(date +%s)

@@ -241,9 +241,6 @@ VARIANTS = {
 }
 
 
-_SHARES_TARGET = ("random-b4", "random-b16-n7", "swa-window-8")
-
-
 def _write_pair(root: Path, v: Variant) -> None:
     if v.writer.startswith("mla-"):
         write_mla_pair(root, draft=v.writer.removeprefix("mla-"), block_size=v.block)
@@ -257,7 +254,8 @@ def _write_pair(root: Path, v: Variant) -> None:
 # Target-only runs, by (target files, job, env): random-b4, random-b16-n7 and swa-window-8 write
 # the same seeded fp32 target and differ only in the draft, so one target-only engine serves the
 # lossless check of all three (two engine starts fewer). The key holds the target's bytes, so a
-# variant whose target differs gets its own run.
+# variant whose target differs gets its own run. (Under scripts/test.sh's `--dist loadfile` the
+# whole module runs in one xdist worker, so the three share it there too.)
 _TARGET_ONLY: dict[str, dict] = {}
 
 
@@ -271,17 +269,7 @@ def _target_only_run(tmp: Path, job: dict, env: dict[str, str] | None) -> dict:
     return _TARGET_ONLY[key]
 
 
-# The fp32 variants on the shared random target, kept on one xdist worker so they share its run.
-_SHARED_TARGET = pytest.mark.xdist_group("tests/dflash/test_engine.py::random-fp32-target")
-
-
-@pytest.mark.parametrize(
-    "variant",
-    [
-        pytest.param(v, id=name, marks=[_SHARED_TARGET] if name in _SHARES_TARGET else [])
-        for name, v in VARIANTS.items()
-    ],
-)
+@pytest.mark.parametrize("variant", list(VARIANTS.values()), ids=list(VARIANTS))
 def test_engine_proposals_equal_reference_and_output_is_lossless(
     tmp_path: Path, variant: Variant
 ) -> None:
