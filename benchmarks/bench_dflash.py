@@ -22,7 +22,6 @@ proposals were all accepted.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -36,7 +35,7 @@ sys.path[:0] = [str(REPO), str(REPO / "src")]  # run from a checkout: `benchmark
 import torch
 
 from benchmarks.dflash_pair import PairSettings, build_pair, held_out_prompts
-from benchmarks.harness import progress
+from benchmarks.harness import Row, progress, report
 from vllm_blackwell_ext.demo.engine_job import run_job_in_process
 
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-bwx"
@@ -144,35 +143,33 @@ def engine_stats(e: dict) -> tuple[float, list[float]]:
     return 1.0 + e["accepted_total"] / drafts, [c / drafts for c in e["per_pos"]]
 
 
-def _fmt_pos(p: list[float], shown: int = 8) -> str:
-    head = " ".join(f"{x:.2f}" for x in p[:shown])
-    return head + (" ..." if len(p) > shown else "")
+def acceptance_rows(blocks: list[dict[str, Any]]) -> list[Row]:
+    """Harness rows of the per-block records: tau and each position's acceptance, ours (the vLLM
+    engine serving our draft) against the oracle; without an engine run, the oracle's alone."""
+    rows = []
+    for r in blocks:
+        engine = "engine_tau" in r
+        peers = {"oracle": r["oracle_tau"]} if engine else {}
+        tau = r["engine_tau"] if engine else r["oracle_tau"]
+        rows.append(Row(f"B={r['block']}", "tau", tau, peers))
+        for i, p in enumerate(r["oracle_per_pos"], start=1):
+            ours = r["engine_per_pos"][i - 1] if engine else p
+            rows.append(
+                Row(f"B={r['block']} p{i}", "acceptance", ours, {"oracle": p} if engine else {})
+            )
+    return rows
 
 
-def _plot(rows: list[dict], png: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no PNG (pip install -e '.[bench]')")
-        return
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in rows:
-        x = list(range(1, len(r["oracle_per_pos"]) + 1))
-        ax.plot(x, r["oracle_per_pos"], marker="o", label=f"B={r['block']} oracle")
-        if r.get("engine_per_pos"):
-            ax.plot(x, r["engine_per_pos"], ls="--", marker="x", label=f"B={r['block']} vLLM")
-    ax.set_xlabel("draft position i")
-    ax.set_ylabel("P(first i proposals accepted)")
-    ax.set_title("DFlash acceptance, tiny trained pair")
-    ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
+def block_notes(blocks: list[dict[str, Any]]) -> list[str]:
+    """Per block: the steps each side ran and whether vLLM's greedy tokens equal the oracle's."""
+    notes = []
+    for r in blocks:
+        line = f"B={r['block']}: oracle {r['oracle_steps']} verification steps"
+        if "engine_tau" in r:
+            same = "yes" if r["tokens_equal_oracle"] else "NO"
+            line += f", vLLM {r['engine_drafts']}; vLLM's greedy tokens equal the oracle's: {same}"
+        notes.append(line)
+    return notes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,45 +224,37 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
 
     dtype = args.dtype or ("float32" if args.engine == "vllm-default" else "bfloat16")
-    engine_col = f"tau vLLM ({args.engine}, {dtype})"
-    lines = [
-        f"| B | tau oracle | {engine_col} | steps (oracle / vLLM) | tokens = oracle "
-        "| per-position acceptance (oracle) | per-position acceptance (vLLM) |",
-        "|---:|---:|---:|---:|:---:|:---|:---|",
-    ]
-    for r in rows:
-        e_tau = f"{r['engine_tau']:.3f}" if "engine_tau" in r else "-"
-        e_steps = r.get("engine_drafts", "-")
-        same = {True: "yes", False: "NO"}.get(r.get("tokens_equal_oracle"), "-")
-        lines.append(
-            f"| {r['block']} | {r['oracle_tau']:.3f} | {e_tau} | {r['oracle_steps']} / "
-            f"{e_steps} | {same} | {_fmt_pos(r['oracle_per_pos'])} | "
-            f"{_fmt_pos(r['engine_per_pos']) if 'engine_per_pos' in r else '-'} |"
-        )
-    table = "\n".join(lines)
     command = "python benchmarks/bench_dflash.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
+    who = (
+        f"ours = a vLLM engine ({args.engine}, {dtype}) serving our DFlash draft, its acceptance "
+        "read from vLLM's spec-decode counters; peer oracle = reference/dflash.py (fp32)"
+        if args.engine != "none"
+        else "ours = the oracle, reference/dflash.py (fp32): no engine run (--engine none)"
+    )
     notes = [
+        who,
         f"{args.prompts} held-out prompts of 16 tokens, {args.max_tokens} new tokens each, "
         "temperature 0, num_speculative_tokens = B - 1.",
         f"pair: {pair.name} (trained on first use with fixed seed {settings.seed}).",
-        "tau = 1 + accepted drafts per verification step; per-position p_i = P(first i "
+        "tau = 1 + accepted drafts per verification step; acceptance 'B=b pi' = P(first i "
         "proposals accepted).",
+        *block_notes(rows),
     ]
-    print(table)
-    print("\n".join(notes))
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     slug = "cpu" if not torch.cuda.is_available() else "gpu"
     suffix = "" if args.engine == "vllm-default" else f"-{args.engine.lower()}"
     suffix += "" if dtype == "float32" or args.engine != "vllm-default" else f"-{dtype}"
-    stem = out / f"{slug}-dflash-acceptance{suffix}"
-    md = ["# DFlash acceptance, tiny trained pair", "", f"Command: `{command}`", "", table, ""]
-    stem.with_suffix(".md").write_text("\n".join(md + [f"- {n}" for n in notes]) + "\n")
-    stem.with_suffix(".json").write_text(json.dumps({"rows": rows, "command": command}, indent=1))
-    _plot(rows, stem.with_suffix(".png"))
-    print(f"wrote {stem}.{{md,json,png}} in {time.perf_counter() - started:.0f} s")
+    report(
+        acceptance_rows(rows),
+        slug,
+        f"dflash-acceptance{suffix}",
+        command.strip(),
+        args.out_dir,
+        notes=notes,
+        extra={"blocks": rows},
+    )
+    print(f"done in {time.perf_counter() - started:.0f} s")
     bad = [r["block"] for r in rows if r.get("tokens_equal_oracle") is False]
     if bad and dtype == "float32":
         print(f"vLLM's greedy tokens differ from the fp32 oracle's for B={bad}")

@@ -14,8 +14,8 @@ first token and median inter-token latency (lower is better), ours against each 
     python benchmarks/bench_engine.py --quick               # three small cases, for a smoke run
 
 On a GPU machine without a registry: `scripts/gpu_kit.sh run python benchmarks/bench_engine.py`.
-Writes benchmarks/results/<gpu>-engine[-mla].{md,json,png} (harness schema; the JSON also
-keeps every engine's raw figures under "engines").
+Writes benchmarks/results/<gpu>-engine[-mla].json (harness schema; every engine's raw figures
+under "extra") and draws its .md and .png from it; `--render JSON` redraws them.
 """
 
 from __future__ import annotations
@@ -337,8 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.render:
         saved = json.loads(Path(args.render).read_text())
+        raw = saved["extra"]
         out_dir = str(Path(args.render).parent)
-        render(saved["engines"], saved["family"], saved["setup"], out_dir, saved["gpu"])
+        render(raw["engines"], raw["family"], raw["setup"], out_dir, saved["gpu"])
         return 0
     if args.engine:
         spec = json.loads(Path(args.engine[0]).read_text())
@@ -364,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     json_path = Path(args.out_dir) / f"{gpu_slug()}-{op}.json"
     command = shlex.join(["python", "benchmarks/bench_engine.py", *(argv or sys.argv[1:])])
     # A partial re-run keeps the other engines' figures from the last run.
-    kept = json.loads(json_path.read_text()).get("engines", []) if json_path.exists() else []
+    saved = json.loads(json_path.read_text()) if json_path.exists() else {}
+    kept = saved.get("extra", {}).get("engines", [])
     arch = config["architectures"][0]
     setup = (
         f"Model: {arch} shapes, {args.layers} layers, dummy weights, bf16; vLLM defaults "
@@ -424,13 +426,8 @@ def render(
             f"{jit}; run by `{r.get('command', '?')}`"
         )
     commands = sorted({r.get("command", "?") for r in results})
-    report(rows, gpu, op, " ; ".join(commands), out_dir, notes=notes)
-    json_path = Path(out_dir) / f"{gpu}-{op}.json"
-    payload = json.loads(json_path.read_text())
-    payload["engines"] = results
-    payload["family"] = family_name
-    payload["setup"] = setup
-    json_path.write_text(json.dumps(payload, indent=1) + "\n")
+    extra = {"engines": results, "family": family_name, "setup": setup}
+    report(rows, gpu, op, " ; ".join(commands), out_dir, notes=notes, extra=extra)
 
 
 if __name__ == "__main__":

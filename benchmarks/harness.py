@@ -1,18 +1,24 @@
-"""The benchmark harness every kernel benchmark uses.
+"""The benchmark harness every benchmark uses.
 
-A benchmark times our kernel, its peers (vLLM's kernel, a ``torch.compile`` of the reference,
-...) and the device's copy roofline in one process on the same inputs, collects one `Row` per
-case and hands the rows to `report`, which prints the table with the ratios and writes
-``<out_dir>/<gpu>-<op>.{md,json,png}``. The JSON is the machine-checkable record::
+A benchmark times our kernel (or engine), its peers (vLLM's kernel, a ``torch.compile`` of the
+reference, ...) and the device's copy roofline in one process on the same inputs, collects one
+`Row` per case and hands the rows to `report`. Results are data: `report` writes the JSON
+first, ``<out_dir>/<gpu>-<op>.json``, then draws ``.md`` and ``.png`` from that file alone
+(`draw`), so a table or plot never holds a figure the JSON lacks and can be redrawn at any time
+(``python benchmarks/harness.py draw benchmarks/results/*.json``). One schema for every
+benchmark (`SCHEMA`, checked by `load_results`)::
 
-    {"gpu": ..., "op": ..., "command": ..., "rows": [
-        {"case": ..., "metric": "GB/s" | "TFLOP/s" | "us" | "eager us" | "host us" | "tok/s"
-         | "ms", "ours": x, "peers": {"<peer>": x, ...}, "roofline": x | null}]}
+    {"schema": 1, "gpu": ..., "op": ..., "command": ..., "notes": [...], "rows": [
+        {"case": ..., "metric": <one of METRICS>, "ours": x, "peers": {"<peer>": x, ...},
+         "roofline": x | null}],
+     "provenance": "...",                 # optional: machine, environment, code of the run
+     "extra": {...}}                      # optional: a benchmark's raw records, not drawn
 
-Higher is better for GB/s, TFLOP/s and tok/s (serving throughput), lower for the times: us
-(GPU time, CUDA-graph replays), eager us (back-to-back eager calls), host us (CPU time of one
-call) and ms (serving latencies), each summarised apart. tqdm and matplotlib are optional: without
-them there is no progress bar and no PNG (`plot_json` draws it later from the JSON).
+Higher is better for GB/s, TFLOP/s, tok/s (serving throughput), tau (DFlash tokens per
+verification step) and acceptance (a share of steps), lower for the times: us (GPU time,
+CUDA-graph replays), eager us (back-to-back eager calls), host us (CPU time of one call) and ms
+(serving latencies), each summarised apart. tqdm and matplotlib are optional: without them there
+is no progress bar and no PNG (`draw` makes it later from the JSON).
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-METRICS = ("GB/s", "TFLOP/s", "us", "eager us", "host us", "tok/s", "ms")
+SCHEMA = 1
+METRICS = ("GB/s", "TFLOP/s", "us", "eager us", "host us", "tok/s", "ms", "tau", "acceptance")
 HIGHER_IS_BETTER = {
     "GB/s": True,
     "TFLOP/s": True,
@@ -39,7 +46,11 @@ HIGHER_IS_BETTER = {
     "host us": False,
     "tok/s": True,
     "ms": False,
+    "tau": True,
+    "acceptance": True,
 }
+RESULT_KEYS = ("gpu", "op", "command", "notes", "rows")
+ROW_KEYS = ("case", "metric", "ours", "peers", "roofline")
 # A peer whose output is further than this from ours (per output row, max |peer - ours| over
 # the RMS of our row) is flagged in the notes: same inputs, so beyond rounding it is a different
 # computation (a peer that quantises the query to fp8, as vLLM does for FA3 and FlashMLA over
@@ -238,7 +249,7 @@ def plot_json(json_path: str | Path, png_path: str | Path | None = None) -> Path
     except ImportError:
         print("matplotlib is not installed: no PNG written")
         return None
-    data = json.loads(Path(json_path).read_text())
+    data = load_results(json_path)
     png = Path(png_path) if png_path else Path(json_path).with_suffix(".png")
     metrics = [m for m in METRICS if any(r["metric"] == m for r in data["rows"])]
     fig, axes = plt.subplots(len(metrics), 1, figsize=(12, 4.5 * len(metrics)), squeeze=False)
@@ -276,6 +287,54 @@ def plot_json(json_path: str | Path, png_path: str | Path | None = None) -> Path
     return png
 
 
+def load_results(json_path: str | Path) -> dict[str, Any]:
+    """A results JSON, checked against the schema; ValueError names what does not fit."""
+    path = Path(json_path)
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    if data.get("schema", SCHEMA) != SCHEMA:
+        raise ValueError(f"{path}: schema: expected {SCHEMA}, got {data.get('schema')!r}")
+    missing = [k for k in RESULT_KEYS if k not in data]
+    unknown = sorted(set(data) - {*RESULT_KEYS, "schema", "provenance", "extra"})
+    if missing or unknown:
+        raise ValueError(f"{path}: keys: missing {missing}, unexpected {unknown} (use 'extra')")
+    for i, row in enumerate(data["rows"]):
+        if sorted(row) != sorted(ROW_KEYS):
+            raise ValueError(f"{path}: rows[{i}]: expected keys {ROW_KEYS}, got {sorted(row)}")
+        Row(**row)  # checks the metric
+    return data
+
+
+def markdown(data: dict[str, Any]) -> str:
+    """The Markdown page of a results JSON: title, command, table, ratios, notes."""
+    rows = [Row(**r) for r in data["rows"]]
+    md = [f"# {data['op']} on {data['gpu']}", "", f"Command: `{data['command']}`"]
+    md += [data["provenance"], ""] if data.get("provenance") else [""]
+    md += [format_table(rows), "", *_ratio_lines(rows)]
+    if data["notes"]:
+        md += ["", *[f"- {n}" for n in data["notes"]]]
+    return "\n".join(md) + "\n"
+
+
+def draw(json_path: str | Path) -> tuple[Path, Path | None]:
+    """Write ``.md`` and ``.png`` beside a results JSON, from that JSON alone."""
+    path = Path(json_path)
+    data = load_results(path)
+    md = path.with_suffix(".md")
+    md.write_text(markdown(data))
+    return md, plot_json(path, path.with_suffix(".png"))
+
+
+def _ratio_lines(rows: Sequence[Row]) -> list[str]:
+    return [
+        f"- {metric}: "
+        + ", ".join(f"ours/{k} = {v:.3f}" for k, v in rs.items())
+        + " (geometric mean over cases)"
+        for metric, rs in summary(rows).items()
+    ]
+
+
 def report(
     rows: Sequence[Row],
     gpu: str,
@@ -283,34 +342,56 @@ def report(
     command: str,
     out_dir: str | Path = "benchmarks/results",
     notes: Sequence[str] = (),
-) -> None:
-    """Print the table with ratios and write ``<gpu>-<op>.md``, ``.json`` and ``.png``."""
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Print the table with ratios, write ``<gpu>-<op>.json``, then draw its ``.md`` and
+    ``.png`` from that JSON. `extra` keeps a benchmark's raw records in the JSON (not drawn)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    table = format_table(rows)
-    ratios = summary(rows)
-    ratio_lines = [
-        f"- {metric}: "
-        + ", ".join(f"ours/{k} = {v:.3f}" for k, v in rs.items())
-        + " (geometric mean over cases)"
-        for metric, rs in ratios.items()
-    ]
-    print(table)
-    print("\n".join(ratio_lines))
+    print(format_table(rows))
+    print("\n".join(_ratio_lines(rows)))
     for note in notes:
         print(f"- {note}")
-    stem = out / f"{gpu}-{op}"
-    md = [f"# {op} on {gpu}", "", f"Command: `{command}`", "", table, "", *ratio_lines]
-    if notes:
-        md += ["", *[f"- {n}" for n in notes]]
-    stem.with_suffix(".md").write_text("\n".join(md) + "\n")
-    payload = {
+    payload: dict[str, Any] = {
+        "schema": SCHEMA,
         "gpu": gpu,
         "op": op,
         "command": command,
         "notes": list(notes),
         "rows": [asdict(r) for r in rows],
     }
-    stem.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
-    png = plot_json(stem.with_suffix(".json"), stem.with_suffix(".png"))
-    print(f"wrote {stem}.md, {stem}.json" + (f", {png}" if png else ""))
+    if extra:
+        payload["extra"] = extra
+    json_path = out / f"{gpu}-{op}.json"
+    json_path.write_text(json.dumps(payload, indent=1) + "\n")
+    md, png = draw(json_path)
+    print(f"wrote {json_path}, {md}" + (f", {png}" if png else ""))
+    return json_path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python benchmarks/harness.py", description="Redraw .md and .png from results JSON."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    draw_p = sub.add_parser("draw", help="write each JSON's .md and .png beside it")
+    draw_p.add_argument("json", nargs="+")
+    check_p = sub.add_parser("check", help="check each JSON against the schema")
+    check_p.add_argument("json", nargs="+")
+    args = parser.parse_args(argv)
+    for path in args.json:
+        if args.command == "draw":
+            md, png = draw(path)
+            print(f"drew {md}" + (f", {png}" if png else ""))
+        else:
+            load_results(path)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
+    raise SystemExit(main())

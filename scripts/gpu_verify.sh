@@ -11,39 +11,24 @@
 #               SDPA and FlashInfer (.peer_flashinfer from scripts/fetch_flashinfer_peer.sh, carried)
 #   mla-decode  benchmarks/bench_mla_decode.py: the MLA decode kernel against vLLM's Triton MLA,
 #               FlashInfer's MLA and FlashMLA (sources from scripts/fetch_flashmla_peer.sh, carried)
-#   mla-tma     benchmarks/experiments/mla_decode_tma.py: its check, then TMA-fed MLA decode tiles
-#               against the shipped kernels (mla-decode-tma.txt)
-#   mla-rows    the MLA kernel tests of the TMA path, then
-#               benchmarks/experiments/mla_tma_row_tiles.py: TMA configs of every row tile, bf16
-#               and fp8, against the table (mla-tma-row-tiles.txt)
-#   host        benchmarks/experiments/attn_host_profile.py: where an eager call's host time goes
-#               (attn-host-profile.txt)
-#   chunk-tma   benchmarks/experiments/attn_chunk_prefill_tma.py: its check, then prefill over
-#               cached context with TMA-read pages, page ids read per tile, ahead, or in
-#               batches, against the shipped kernel (attn-chunk-prefill-tma.txt)
-#   prefill-skew benchmarks/experiments/fresh_prefill_skew.py: fresh prefill with each tile's
-#               scores asked one tile ahead, against the device's config and cuDNN's SDPA
-#               (fresh-prefill-skew.txt)
-#   mla-gluon   benchmarks/experiments/mla_decode_gluon.py: its check, then the Gluon wide-head
-#               MLA decode tile against the shipped kernel (mla-decode-gluon.txt)
-#   mla-fp8     the fp8 widening tests, then benchmarks/experiments/mla_fp8_int_widen.py (fp8
-#               pair-kernel entries with `int_widen`) and mla_fp8_gluon.py (fp8 64-row tiles,
-#               Gluon against Triton) (mla-fp8.txt)
+#   mla-rows    the MLA kernel tests of the TMA path (mla-tma-row-tiles.txt)
+#   mla-fp8     the fp8 widening tests (mla-fp8.txt)
 #   ncu         benchmarks/profile_ncu.py under Nsight Compute: speed of light, occupancy, pipe
 #               use and stall reasons of each row short of its goal (ncu-missed-goals.txt);
 #               BWX_NCU_ARGS passes it arguments (say --family mla)
 #
 #   scripts/gpu_verify.sh OUT_DIR tests attention mla gather paged mla-decode
 #
-# The steps that need no vLLM (kernels, mla-fp8, mla-gluon, mla-tma, ncu) also run on the
-# device image's own torch and Triton, without the kit (a short lease: no pieces to carry):
+# The experiments that used to run here left the tree (benchmarks/README.md, "Routes tried":
+# their code is at 87dcf05). The steps that need no vLLM (kernels, mla-rows, mla-fp8, ncu)
+# also run on the device image's own torch and Triton, without the kit (a short lease: no pieces to carry):
 #
 #   PYTHONPATH=src:. scripts/gpu_verify.sh OUT_DIR mla-fp8 kernels
 #
 # OUT_DIR gets the pytest logs, the engine tests' summary.md and the benchmark results; each
 # engine's figures are written as soon as it finishes, so a run cut short keeps those.
 set -uo pipefail
-[[ $# -ge 2 ]] || { sed -n '2,44p' "$0"; exit 2; }
+[[ $# -ge 2 ]] || { sed -n '2,28p' "$0"; exit 2; }
 out=$1
 shift
 mkdir -p "$out"
@@ -88,44 +73,16 @@ for step in "$@"; do
     mla-decode)
       python benchmarks/bench_mla_decode.py --out-dir "$out/bench" || status=1
       ;;
-    mla-tma)
-      { python benchmarks/experiments/mla_decode_tma.py --check &&
-        python benchmarks/experiments/mla_decode_tma.py; } > "$out/mla-decode-tma.txt" 2>&1 ||
-        status=1
-      tail -n 5 "$out/mla-decode-tma.txt"
-      ;;
     mla-rows)
-      { python -m pytest -q tests/kernels/test_mla_decode.py -k "tma" &&
-        python benchmarks/experiments/mla_tma_row_tiles.py; } > "$out/mla-tma-row-tiles.txt" 2>&1 ||
+      python -m pytest -q tests/kernels/test_mla_decode.py -k "tma" > "$out/mla-tma-row-tiles.txt" 2>&1 ||
         status=1
       tail -n 5 "$out/mla-tma-row-tiles.txt"
       ;;
-    mla-gluon)
-      python benchmarks/experiments/mla_decode_gluon.py > "$out/mla-decode-gluon.txt" 2>&1 ||
-        status=1
-      tail -n 22 "$out/mla-decode-gluon.txt"
-      ;;
     mla-fp8)
       { python -m pytest -q tests/kernels/test_fp8_pairs.py &&
-        python -m pytest -q tests/kernels/test_mla_decode.py -k "integer_ops or e4m3" &&
-        python benchmarks/experiments/mla_fp8_int_widen.py &&
-        python benchmarks/experiments/mla_fp8_gluon.py; } > "$out/mla-fp8.txt" 2>&1 || status=1
+        python -m pytest -q tests/kernels/test_mla_decode.py -k "integer_ops or e4m3"; } \
+        > "$out/mla-fp8.txt" 2>&1 || status=1
       tail -n 40 "$out/mla-fp8.txt"
-      ;;
-    host)
-      python benchmarks/experiments/attn_host_profile.py > "$out/attn-host-profile.txt" 2>&1 ||
-        status=1
-      ;;
-    chunk-tma)
-      { python benchmarks/experiments/attn_chunk_prefill_tma.py --check &&
-        python benchmarks/experiments/attn_chunk_prefill_tma.py; } \
-        > "$out/attn-chunk-prefill-tma.txt" 2>&1 || status=1
-      tail -n 5 "$out/attn-chunk-prefill-tma.txt"
-      ;;
-    prefill-skew)
-      python benchmarks/experiments/fresh_prefill_skew.py > "$out/fresh-prefill-skew.txt" 2>&1 ||
-        status=1
-      tail -n 25 "$out/fresh-prefill-skew.txt"
       ;;
     ncu)
       metrics=dram__throughput.avg.pct_of_peak_sustained_elapsed

@@ -239,7 +239,7 @@ def test_a_mixed_draft_keeps_the_window_of_its_file_that_transformers_drops(tmp_
     from transformers import Qwen3Config
 
     from vllm_blackwell_ext.dflash.config import normalize_dflash_config
-    from vllm_blackwell_ext.dflash.model import _config_dict
+    from vllm_blackwell_ext.dflash.model import config_dict
 
     raw = {
         "model_type": "qwen3", "architectures": ["DFlashDraftModel"], "block_size": 16,
@@ -251,5 +251,5 @@ def test_a_mixed_draft_keeps_the_window_of_its_file_that_transformers_drops(tmp_
     (tmp_path / "config.json").write_text(json.dumps(raw))
     hf = Qwen3Config.from_pretrained(tmp_path)
     assert hf.sliding_window is None
-    plan = normalize_dflash_config(_config_dict(hf, str(tmp_path)))
+    plan = normalize_dflash_config(config_dict(hf, str(tmp_path)))
     assert [(lp.causal, lp.sliding_window) for lp in plan.layers] == [(True, 32), (False, None)]

@@ -21,7 +21,7 @@ def test_layers_with_their_own_mode_are_reported_with_it_and_others_are_not():
     full = SimpleNamespace(**{LAYER_CAUSAL_ATTR: False, LAYER_WINDOW_ATTR: None})
     target = SimpleNamespace(attn_backend=None)
     worker = _worker({"draft.0": sliding, "draft.1": full, "target.0": target})
-    assert engine_job._layer_modes_of_worker(worker) == {
+    assert engine_job.layer_modes_of_worker(worker) == {
         "draft.0": [True, 256],
         "draft.1": [False, None],
     }
@@ -32,5 +32,5 @@ def test_a_failing_report_is_kept_as_its_error_not_raised():
         def collective_rpc(self, fn):
             raise RuntimeError("worker gone")
 
-    (report,) = engine_job._worker_report(Engine(), engine_job._layer_modes_of_worker)
+    (report,) = engine_job.worker_report(Engine(), engine_job.layer_modes_of_worker)
     assert "worker gone" in report["unavailable"][0]

@@ -35,7 +35,7 @@ def _attention_backends_of_worker(worker) -> dict[str, list[str]]:
     return served
 
 
-def _layer_modes_of_worker(worker) -> dict[str, list]:
+def layer_modes_of_worker(worker) -> dict[str, list]:
     """Runs inside each worker: [causal, window] of every layer that carries its own attention
     mode (our DFlash draft's layers), by layer name."""
     from vllm_blackwell_ext.attention.layer_overrides import LAYER_CAUSAL_ATTR, LAYER_WINDOW_ATTR
@@ -68,7 +68,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
         llm.llm_engine.engine_core.shutdown()
 
 
-def _worker_report(llm, fn) -> list[dict[str, Any]]:
+def worker_report(llm, fn) -> list[dict[str, Any]]:
     """What `fn` reports from each worker; reporting only: never fail a generation over it."""
     try:
         return llm.collective_rpc(fn)
@@ -77,8 +77,8 @@ def _worker_report(llm, fn) -> list[dict[str, Any]]:
 
 
 def _generate(llm, spec: dict[str, Any], sampling_params_cls, load_s: float) -> dict[str, Any]:
-    backends = _worker_report(llm, _attention_backends_of_worker)
-    layer_modes = _worker_report(llm, _layer_modes_of_worker)
+    backends = worker_report(llm, _attention_backends_of_worker)
+    layer_modes = worker_report(llm, layer_modes_of_worker)
     results: dict[str, Any] = {}
     generated = 0
     gen_started = time.perf_counter()

@@ -75,10 +75,10 @@ from .loader import MASK_EMBEDDING_FILE, check_draft_tensors, parse_mask_embeddi
 logger = init_logger(__name__)
 
 
-__all__ = ["BwxDFlashDraftModel", "BwxDFlashModel", "plan_for_vllm"]
+__all__ = ["BwxDFlashDraftModel", "BwxDFlashModel", "config_dict", "plan_for_vllm"]
 
 
-def _config_dict(
+def config_dict(
     hf_config: Any, model: str | None = None, revision: str | None = None
 ) -> dict[str, Any]:
     """The draft config as normalisation reads it: transformers' object, with the file's
@@ -103,7 +103,7 @@ def plan_for_vllm(vllm_config: VllmConfig) -> DFlashPlan:
     hf = spec.draft_model_config.hf_config
     draft = spec.draft_model_config
     # Not cached on hf: an extra attribute would land in the config's to_dict()/JSON.
-    plan = normalize_dflash_config(_config_dict(hf, draft.model, draft.revision))
+    plan = normalize_dflash_config(config_dict(hf, draft.model, draft.revision))
 
     target = vllm_config.model_config
     num_target_layers = target.get_total_num_hidden_layers()
