@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_blackwell_ext import __version__, components
-from vllm_blackwell_ext._registration import CPU_OVERRIDE_ENV, parse_cpu_override
 from vllm_blackwell_ext.demo.command import BACKENDS, DEFAULT_DEMO_DIR, REFERENCE, run_demo
 from vllm_blackwell_ext.dflash.registration import takeover_enabled
 from vllm_blackwell_ext.host_cpu import cpu_summary, cpu_summary_line
+from vllm_blackwell_ext.registration import CPU_OVERRIDE_ENV, parse_cpu_override
 from vllm_blackwell_ext.vllm_compat import (
     installed_vllm_version,
     is_supported_vllm,

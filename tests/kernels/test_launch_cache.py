@@ -160,14 +160,14 @@ def test_descriptor_encodings_follow_the_tensor_address_and_view() -> None:
     run(src[:64])  # the first address, fewer rows
     (handle,) = launcher._handles.values()
     descriptor_launch = launcher._descriptor_launches[id(handle)]
-    if triton_version() == launch_cache._DESCRIPTOR_LAUNCH_TRITON:
+    if triton_version() == launch_cache.DESCRIPTOR_LAUNCH_TRITON:
         assert descriptor_launch is not None and len(descriptor_launch._encodings) == 3
     else:
         assert descriptor_launch is None
 
 
 class _StubRun:
-    """What `_DescriptorLaunch` reads from a handle's launcher."""
+    """What `DescriptorLaunch` reads from a handle's launcher."""
 
     launch_cooperative_grid, launch_pdl = False, False
     arg_annotations, kernel_signature = "annotations", "signature"
@@ -180,17 +180,14 @@ class _StubHandle:
         self.metadata = type("Metadata", (), {"tensordesc_meta": tensordesc_meta})
 
 
-def test_descriptor_launch_encodes_each_descriptor_once_per_address_and_view(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_descriptor_launch_encodes_each_descriptor_once_per_address_and_view() -> None:
     # Two descriptors amid other arguments: each is replaced in place by its encoding, which
     # is made once per (position, address, shape, strides) and dropped oldest first.
-    if triton_version() != launch_cache._DESCRIPTOR_LAUNCH_TRITON:
+    if triton_version() != launch_cache.DESCRIPTOR_LAUNCH_TRITON:
         pytest.skip(
-            f"descriptors are encoded once only on Triton {launch_cache._DESCRIPTOR_LAUNCH_TRITON}"
+            f"descriptors are encoded once only on Triton {launch_cache.DESCRIPTOR_LAUNCH_TRITON}"
             f" (whose TensorDescriptor it reads); this is {triton.__version__}"
         )
-    monkeypatch.setattr(launch_cache, "_MAX_ENCODINGS", 3)
     encoded: list[tuple] = []
     launched: list[tuple] = []
 
@@ -201,8 +198,8 @@ def test_descriptor_launch_encodes_each_descriptor_once_per_address_and_view(
     def c_launch(*args) -> None:
         launched.append(args)
 
-    launch = launch_cache._DescriptorLaunch(
-        _StubHandle(["k-meta", "v-meta"]), (1, 3), encode, c_launch
+    launch = launch_cache.DescriptorLaunch(
+        _StubHandle(["k-meta", "v-meta"]), (1, 3), encode, c_launch, max_encodings=3
     )
     a, b = torch.zeros(64, 32, dtype=torch.float16), torch.zeros(64, 32, dtype=torch.float16)
 
@@ -363,3 +360,26 @@ def test_a_parameter_taking_a_descriptor_or_none_keys_on_which() -> None:
     assert keys[0][-1] == (None,) and keys[1][-1] == ((torch.float16, 16, 32, "zero"),)
     wider = TensorDescriptor(a, [64, 32], [32, 1], [32, 32])
     assert launcher._key((a,), ptrs, (a, wider, True), (4, 3, 0)) != keys[1]
+
+
+@triton.jit
+def _add_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    ok = offs < n
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=ok) + 1.0, mask=ok)
+
+
+def test_launch_by_name_takes_arguments_in_any_order_and_names_what_is_wrong() -> None:
+    launcher = CachedLauncher(_add_kernel)
+    assert launcher.arg_names == ("x_ptr", "y_ptr", "n", "BLOCK")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x, y = torch.arange(10.0, device=device), torch.zeros(10, device=device)
+    args = {"BLOCK": 16, "n": 10, "y_ptr": y, "x_ptr": x}
+    launcher.launch_by_name((1, 1, 1), args, num_warps=1, num_stages=1)
+    torch.testing.assert_close(y, x + 1)
+    with pytest.raises(TypeError, match=r"unknown \['BLOK'\], missing \[\]"):
+        launcher.launch_by_name((1, 1, 1), {**args, "BLOK": 16}, num_warps=1, num_stages=1)
+    bad = dict(args)
+    bad["BLOK"] = bad.pop("BLOCK")
+    with pytest.raises(TypeError, match=r"unknown \['BLOK'\], missing \['BLOCK'\]"):
+        launcher.launch_by_name((1, 1, 1), bad, num_warps=1, num_stages=1)

@@ -6,7 +6,7 @@ it cannot see names. This test reads every `.py` under `tests/` and `benchmarks/
 `vllm_blackwell_ext`:
 
 - `from vllm_blackwell_ext.x import _name`, and any import of a private module
-  (`vllm_blackwell_ext._registration`, `import vllm_blackwell_ext.x._y`, `import_module(...)`);
+  (`vllm_blackwell_ext._private`, `import vllm_blackwell_ext.x._y`, `import_module(...)`);
 - `<alias>._name`, where the alias (or an attribute chain from it) is a module of the package;
 - assignments to an attribute of such a module (`pa.LAUNCHER = ...`, `del pa.X`,
   `setattr(pa, ...)`, `monkeypatch.setattr(pa, ...)`, `monkeypatch.setattr("pkg.x.Y", ...)`,

@@ -11,15 +11,9 @@ import textwrap
 
 import pytest
 
-from vllm_blackwell_ext import _registration as reg
+from vllm_blackwell_ext import registration as reg
 
 pytest.importorskip("vllm", reason="registration tests need vLLM installed")
-
-
-@pytest.fixture
-def fresh_state(monkeypatch):
-    """A clean registration state for one test (the real one is process-global)."""
-    monkeypatch.setattr(reg, "_state", {"done": False, "warned": False, "registered": {}})
 
 
 @pytest.mark.parametrize(
@@ -42,27 +36,39 @@ def test_version_gate_accepts_the_032_to_034_series(version, supported):
     assert reg.is_supported_vllm(version) is supported
 
 
-def test_unsupported_vllm_warns_once_and_registers_nothing(fresh_state, monkeypatch, caplog):
-    monkeypatch.setattr(reg, "installed_vllm_version", lambda: "0.35.0")
+def test_unsupported_vllm_warns_once_and_registers_nothing(caplog):
     called = []
-    monkeypatch.setattr(reg, "_register_components", lambda *a: called.append(a))
+    registration = reg.Registration(
+        read_version=lambda: "0.35.0", register_components=lambda *a: called.append(a)
+    )
     with caplog.at_level(logging.WARNING, logger="vllm_blackwell_ext"):
-        reg.register()
-        reg.register()
+        registration.run()
+        registration.run()
     supported = "supports vLLM 0.32.x, 0.33.x, 0.34.x"
     warnings = [r for r in caplog.records if supported in r.getMessage()]
     assert len(warnings) == 1
     assert "found 0.35.0" in warnings[0].getMessage()
     assert called == []
-    assert reg.registered_components() == {}
+    assert registration.registered == {} and not registration.done
 
 
-def test_register_is_idempotent(fresh_state, monkeypatch):
+def test_register_is_idempotent():
     calls = []
-    monkeypatch.setattr(reg, "_register_components", lambda o: calls.append(o) or {"x": {}})
+    registration = reg.Registration(
+        read_version=lambda: "0.32.0",
+        register_components=lambda o: calls.append(o) or {"x": {}},
+    )
+    registration.run()
+    registration.run()
+    assert len(calls) == 1 and registration.registered == {"x": {}}
+
+
+def test_the_process_registration_is_what_register_and_registered_components_use():
     reg.register()
     reg.register()
-    assert len(calls) == 1
+    assert reg.PROCESS_REGISTRATION.done
+    assert reg.registered_components() == reg.PROCESS_REGISTRATION.registered
+    assert "BWX_ATTN" in reg.registered_components()["backends"]
 
 
 @pytest.mark.parametrize(
@@ -73,10 +79,10 @@ def test_cpu_override_values(value, expected):
     assert reg.parse_cpu_override(value) == expected
 
 
-def test_unknown_cpu_override_names_accepted_values(fresh_state, monkeypatch):
+def test_unknown_cpu_override_names_accepted_values(monkeypatch):
     monkeypatch.setenv(reg.CPU_OVERRIDE_ENV, "attn,flash")
     with pytest.raises(ValueError, match=r"BWX_CPU_BACKENDS.*'flash'.*\['attn', 'mla'\]"):
-        reg.register()
+        reg.Registration().run()
 
 
 def test_a_bad_dflash_opt_in_is_refused_before_anything_is_registered():
@@ -85,7 +91,7 @@ def test_a_bad_dflash_opt_in_is_refused_before_anything_is_registered():
         import os
         os.environ["BWX_DFLASH"] = "maybe"
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
-        from vllm_blackwell_ext import _registration as reg
+        from vllm_blackwell_ext import registration as reg
         try:
             reg.register()
         except ValueError as e:

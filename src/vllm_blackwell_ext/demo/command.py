@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from vllm_blackwell_ext._registration import CPU_OVERRIDE_ENV
+from vllm_blackwell_ext.registration import CPU_OVERRIDE_ENV
 
 DEFAULT_DEMO_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-bwx"
 DEMO_PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12], [100, 200, 300], [42] * 24]

@@ -54,7 +54,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     # Named backends the job brings along (e.g. a test-only backend), registered the way
     # register() registers ours, so that they survive vLLM's spawned processes.
     if spec.get("register_backends"):
-        from vllm_blackwell_ext._registration import register_named_backend
+        from vllm_blackwell_ext.registration import register_named_backend
 
         for name, class_path in spec["register_backends"].items():
             register_named_backend(name, class_path)

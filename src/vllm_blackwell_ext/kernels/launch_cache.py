@@ -24,7 +24,7 @@ every call goes through Triton.
 TMA tensor descriptors: Triton's launcher encodes each one (a `CUtensorMap`) on every launch,
 in a Python loop over all the kernel's arguments. A descriptor's encoding depends only on its
 tensor's address, shape and strides and on what the handle compiled (block shape, element
-type, swizzle), so `_DescriptorLaunch` encodes each once per handle and address and calls the
+type, swizzle), so `DescriptorLaunch` encodes each once per handle and address and calls the
 C launcher with the encoded arguments. That follows the layout of Triton 3.7's CUDA launcher
 (`triton/backends/nvidia/driver.py`), which differs in 3.6 and 3.8: on any other Triton,
 descriptors go to the handle as they are and Triton encodes them per launch.
@@ -32,6 +32,7 @@ descriptors go to the handle as they are and Triton encodes them per launch.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
@@ -48,11 +49,11 @@ _MIN_TRITON = (3, 4)
 # pass num_stages explicitly, so the cache keys on what Triton compiles with.
 DEFAULT_NUM_STAGES = 3
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
-# The Triton whose CUDA launcher `_DescriptorLaunch` calls with encoded descriptors.
-_DESCRIPTOR_LAUNCH_TRITON = (3, 7)
+# The Triton whose CUDA launcher `DescriptorLaunch` calls with encoded descriptors.
+DESCRIPTOR_LAUNCH_TRITON = (3, 7)
 # Encodings kept per handle before the oldest are dropped: a KV cache's K and V per layer
 # stay, while descriptors of per-step tensors (queries) come and go.
-_MAX_ENCODINGS = 1024
+MAX_ENCODINGS = 1024
 
 
 def _getter(indices: Sequence[int]) -> Callable[[tuple], tuple]:
@@ -81,7 +82,7 @@ def triton_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-class _DescriptorLaunch:
+class DescriptorLaunch:
     """Launches one compiled handle with its TMA descriptors encoded once per address and view.
 
     `positions` are the arguments that hold descriptors in this handle's signature (the others
@@ -91,7 +92,12 @@ class _DescriptorLaunch:
     """
 
     def __init__(
-        self, handle: Any, positions: tuple[int, ...], encode: Callable, c_launch: Callable
+        self,
+        handle: Any,
+        positions: tuple[int, ...],
+        encode: Callable,
+        c_launch: Callable,
+        max_encodings: int = MAX_ENCODINGS,
     ) -> None:
         run = handle.run
         self._function, self._metadata = handle.function, handle.packed_metadata
@@ -102,13 +108,14 @@ class _DescriptorLaunch:
         self._meta = handle.metadata.tensordesc_meta
         self._encode = encode
         self._encodings: dict[tuple, list] = {}
+        self._max_encodings = max_encodings
 
     @classmethod
-    def for_handle(cls, handle: Any, args: tuple) -> _DescriptorLaunch | None:
+    def for_handle(cls, handle: Any, args: tuple) -> DescriptorLaunch | None:
         """The launch for `handle` (first called with `args`), or None where it does not apply:
         no descriptor, another Triton, descriptors not lowered to TMA, or launch scratch."""
         positions = tuple(i for i, a in enumerate(args) if isinstance(a, TensorDescriptor))
-        if not positions or triton_version() != _DESCRIPTOR_LAUNCH_TRITON:
+        if not positions or triton_version() != DESCRIPTOR_LAUNCH_TRITON:
             return None
         run, meta = handle.run, getattr(handle.metadata, "tensordesc_meta", None)
         if not meta or len(meta) != len(positions) or any(m is None for m in meta):
@@ -124,7 +131,7 @@ class _DescriptorLaunch:
         key = (n, d.base.data_ptr(), *d.shape, *d.strides, d.round_f32_to_tf32)
         encoded = self._encodings.get(key)
         if encoded is None:
-            if len(self._encodings) >= _MAX_ENCODINGS:
+            if len(self._encodings) >= self._max_encodings:
                 del self._encodings[next(iter(self._encodings))]
             encoded = self._encodings[key] = self._encode(d, self._meta[n])
         return encoded
@@ -155,8 +162,8 @@ class CachedLauncher:
         self.kernel = kernel
         self._handles: dict[tuple, Any] = {}
         # By id of the handle (cheaper to hash than its key): handles live as long as this.
-        self._descriptor_launches: dict[int, _DescriptorLaunch | None] = {}
-        # Whether descriptors are encoded once per address (`_DescriptorLaunch`) where it applies.
+        self._descriptor_launches: dict[int, DescriptorLaunch | None] = {}
+        # Whether descriptors are encoded once per address (`DescriptorLaunch`) where it applies.
         self.encode_descriptors_once = True
         # Under TRITON_INTERPRET=1 `triton.jit` makes an InterpretedFunction: no handles.
         self.enabled = (
@@ -170,10 +177,9 @@ class CachedLauncher:
         self._widths: Callable[[tuple], tuple] = _getter(())  # other ints: only their width
         self._descriptors: Callable[[tuple], tuple] = _getter(())  # TMA tensor descriptors
         self._classified = False
-        # The kernel's parameter names in signature order, and a C-speed picker of a keyword
-        # map's values in that order (`launch_by_name`).
-        self.arg_names: tuple[str, ...] = tuple(inspect.signature(kernel.fn).parameters)
-        self._in_signature_order = itemgetter(*self.arg_names)
+        # A C-speed picker of a keyword map's values in signature order (`launch_by_name`),
+        # made on first use.
+        self._in_signature_order: Callable[[Mapping[str, Any]], tuple] | None = None
 
     def _classify(self, args: tuple) -> None:
         params = self.kernel.params
@@ -234,6 +240,11 @@ class CachedLauncher:
             options["maxnreg"] = max_registers
         return self.kernel[grid](*args, **options)
 
+    @functools.cached_property
+    def arg_names(self) -> tuple[str, ...]:
+        """The kernel's parameter names in signature order."""
+        return tuple(inspect.signature(self.kernel.fn).parameters)
+
     def launch_by_name(
         self,
         grid: tuple[int, int, int],
@@ -245,10 +256,16 @@ class CachedLauncher:
     ):
         """`launch` with every parameter given by name (`args` maps each of `arg_names`).
 
-        A missing name raises KeyError naming it; an unknown one is refused (a misspelt
-        argument would otherwise never reach the kernel).
+        A missing or unknown name raises TypeError naming both lists (a misspelt argument
+        would otherwise never reach the kernel).
         """
-        if len(args) != len(self.arg_names):
+        if self._in_signature_order is None:
+            self._in_signature_order = itemgetter(*self.arg_names)
+        try:
+            ordered = self._in_signature_order(args)
+        except KeyError:
+            ordered = None
+        if ordered is None or len(args) != len(self.arg_names):
             unknown = sorted(set(args) - set(self.arg_names))
             missing = sorted(set(self.arg_names) - set(args))
             raise TypeError(
@@ -256,11 +273,7 @@ class CachedLauncher:
                 f"unknown {unknown}, missing {missing}"
             )
         return self.launch(
-            grid,
-            self._in_signature_order(args),
-            num_warps=num_warps,
-            num_stages=num_stages,
-            max_registers=max_registers,
+            grid, ordered, num_warps=num_warps, num_stages=num_stages, max_registers=max_registers
         )
 
     def launch(
@@ -288,7 +301,7 @@ class CachedLauncher:
             # Through Triton: it checks every pointer, compiles or finds the binary.
             handle = self._through_triton(grid, args, num_warps, num_stages, max_registers)
             self._handles[key] = handle
-            self._descriptor_launches[id(handle)] = _DescriptorLaunch.for_handle(handle, args)
+            self._descriptor_launches[id(handle)] = DescriptorLaunch.for_handle(handle, args)
             self._current_stream = triton.runtime.driver.active.get_current_stream
             return handle
         device = tensors[0].get_device() if tensors else torch.cuda.current_device()

@@ -12,6 +12,8 @@ import multiprocessing
 import os
 import sys
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from vllm_blackwell_ext import components
 from vllm_blackwell_ext.vllm_compat import (
@@ -29,9 +31,6 @@ CPU_OVERRIDE_ENV = "BWX_CPU_BACKENDS"
 # Diagnostics: when set to a directory, every process that runs register() writes a small
 # JSON record there (pid, process name, what was registered). The e2e tests read it.
 TRACE_DIR_ENV = "BWX_TRACE_DIR"
-
-_lock = threading.Lock()
-_state: dict[str, object] = {"done": False, "warned": False, "registered": {}}
 
 
 def parse_cpu_override(value: str | None) -> tuple[str, ...]:
@@ -51,36 +50,15 @@ def parse_cpu_override(value: str | None) -> tuple[str, ...]:
 
 def register() -> None:
     """Register every component this package has with vLLM (idempotent, cheap)."""
-    with _lock:
-        if _state["done"]:
-            return
-        version = installed_vllm_version()
-        if not is_supported_vllm(version):
-            if not _state["warned"]:
-                _state["warned"] = True
-                logger.warning(
-                    "vllm-blackwell-ext supports vLLM %s, found %s: registering nothing, "
-                    "vLLM runs as if the plugin were not installed.",
-                    supported_vllm_text(),
-                    version,
-                )
-            return
-        # Validate the opt-ins before touching vLLM, so a typo fails before anything changes
-        # (BWX_DFLASH in `_register_components`, ahead of its first registration).
-        cpu_overrides = parse_cpu_override(os.environ.get(CPU_OVERRIDE_ENV))
-        registered = _register_components(cpu_overrides)
-        _state["registered"] = registered
-        _state["done"] = True
-        _write_trace(registered)
-        logger.debug("vllm-blackwell-ext registered: %s", registered)
+    PROCESS_REGISTRATION.run()
 
 
 def registered_components() -> dict[str, dict[str, str]]:
     """What register() registered in this process (empty before it ran or when refused)."""
-    return dict(_state["registered"])  # type: ignore[arg-type]
+    return dict(PROCESS_REGISTRATION.registered)
 
 
-def _register_components(cpu_overrides: tuple[str, ...]) -> dict[str, dict[str, str]]:
+def register_components(cpu_overrides: tuple[str, ...]) -> dict[str, dict[str, str]]:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     # Everything that can refuse (the opt-ins, what this build holds) is settled before the
@@ -124,6 +102,50 @@ def _register_components(cpu_overrides: tuple[str, ...]) -> dict[str, dict[str, 
                 components.DFLASH_METHOD_CONFIG
             )
     return result
+
+
+@dataclass
+class Registration:
+    """One process's registration with vLLM: made once, the version warning given once.
+
+    `read_version` and `register_components` are what it consults and does (the installed
+    vLLM's version, the registries' calls); a test passes its own.
+    """
+
+    read_version: Callable[[], str | None] = installed_vllm_version
+    register_components: Callable[[tuple[str, ...]], dict] = register_components
+    done: bool = False
+    warned: bool = False
+    registered: dict[str, dict[str, str]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def run(self) -> None:
+        """Register once; on an unsupported vLLM warn once and register nothing."""
+        with self.lock:
+            if self.done:
+                return
+            version = self.read_version()
+            if not is_supported_vllm(version):
+                if not self.warned:
+                    self.warned = True
+                    logger.warning(
+                        "vllm-blackwell-ext supports vLLM %s, found %s: registering nothing, "
+                        "vLLM runs as if the plugin were not installed.",
+                        supported_vllm_text(),
+                        version,
+                    )
+                return
+            # Validate the opt-ins before touching vLLM, so a typo fails before anything
+            # changes (BWX_DFLASH in `register_components`, ahead of its first registration).
+            cpu_overrides = parse_cpu_override(os.environ.get(CPU_OVERRIDE_ENV))
+            self.registered = self.register_components(cpu_overrides)
+            self.done = True
+            _write_trace(self.registered)
+            logger.debug("vllm-blackwell-ext registered: %s", self.registered)
+
+
+# This process's registration (vLLM calls `register()` once or more per process).
+PROCESS_REGISTRATION = Registration()
 
 
 def register_named_backend(name: str, class_path: str):
