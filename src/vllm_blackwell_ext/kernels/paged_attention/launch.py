@@ -8,8 +8,9 @@ launches without running them (offline compile checks).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -25,8 +26,7 @@ ATTENTION_LAUNCHER = CachedLauncher(_paged_attn_kernel)
 MERGE_LAUNCHER = CachedLauncher(_split_kv_merge_kernel)
 
 
-@dataclass(frozen=True)
-class KernelLaunch:
+class KernelLaunch(NamedTuple):
     """One kernel launch as planned: the launcher, grid, arguments by name and options."""
 
     launcher: CachedLauncher
@@ -57,6 +57,21 @@ class LayerOptions:
     v_scale: torch.Tensor | None = None
     # > 0: requests without cached context of this many queries are `fresh_prefill`'s.
     skip_fresh_from: int = 0
+
+    @functools.cached_property
+    def kernel_args(self) -> dict[str, Any]:
+        """The attention kernel's arguments this layer fixes, by name (made once)."""
+        return {
+            "softmax_scale": float(self.softmax_scale),
+            "softcap": float(self.softcap),
+            "window": int(self.sliding_window or 0),
+            "skip_fresh_from": int(self.skip_fresh_from),
+            "CAUSAL": bool(self.causal),
+            "USE_WINDOW": self.sliding_window is not None,
+            "USE_SINKS": self.sinks is not None,
+            "USE_SOFTCAP": self.softcap > 0.0,
+            "USE_KV_SCALE": self.k_scale is not None,
+        }
 
 
 def launch_paged_attention(
@@ -105,11 +120,15 @@ def planned_launches(
         plan = fit_to_workspace(plan, num_tokens, workspace.max_rows)
     cfg, kv_heads = plan.config, plan.shape.num_kv_heads
     num_q_blocks = num_tokens // cfg.block_q + batch  # an upper bound; surplus blocks exit
-    split = _SplitBuffers.make(plan, q, out, workspace, num_q_blocks)
     args = _attention_args(
         plan, q, layout, out, cu_seqlens_q, seq_lens, block_table, layer, lse_out
     )
-    args.update(split.args(plan, num_q_blocks * kv_heads))
+    if plan.split_kv:
+        split = _SplitBuffers.make(plan, q, out, workspace, num_q_blocks)
+        args.update(split.args(plan, num_q_blocks * kv_heads))
+    else:
+        # placeholders: without SPLIT_KV the kernel never touches them
+        args.update(_UNSPLIT_ARGS, part_o_ptr=out, part_lse_ptr=out, split_count_ptr=out)
     launches = [
         KernelLaunch(
             ATTENTION_LAUNCHER,
@@ -142,36 +161,41 @@ def _attention_args(
         k_desc, v_desc = layout.descriptors(plan.config.tile_n)
     else:
         k_desc = v_desc = None
-    lse_t, lse_strides = (lse_out, lse_out.stride()[:2]) if lse_out is not None else (out, (0, 0))
+    if lse_out is not None:
+        lse_t, (stride_lt, stride_lh) = lse_out, lse_out.stride()[:2]
+    else:
+        lse_t, stride_lt, stride_lh = out, 0, 0
     # Unused pointer arguments get a tensor the kernel never reads through them.
-    dummy = next((t for t in (layer.sinks, layer.k_scale) if t is not None), lse_t)
+    dummy = layer.sinks if layer.sinks is not None else layer.k_scale
+    if dummy is None:
+        dummy = lse_t
     ks, vs, qs, os_ = key_cache.stride(), value_cache.stride(), q.stride(), out.stride()
     return {
-        **plan.constexprs,
+        **plan.kernel_args,
+        **layer.kernel_args,
         "q_ptr": q, "k_ptr": key_cache, "v_ptr": value_cache, "out_ptr": out, "lse_ptr": lse_t,
-        "sink_ptr": layer.sinks if layer.sinks is not None else dummy,
-        "k_scale_ptr": layer.k_scale if layer.k_scale is not None else dummy,
-        "v_scale_ptr": layer.v_scale if layer.v_scale is not None else dummy,
+        "sink_ptr": dummy if layer.sinks is None else layer.sinks,
+        "k_scale_ptr": dummy if layer.k_scale is None else layer.k_scale,
+        "v_scale_ptr": dummy if layer.v_scale is None else layer.v_scale,
         "cu_q_ptr": cu_seqlens_q, "seq_lens_ptr": seq_lens, "block_table_ptr": block_table,
-        "k_desc": k_desc, "v_desc": v_desc,
-        "batch": seq_lens.shape[0], "softmax_scale": float(layer.softmax_scale),
-        "softcap": float(layer.softcap), "window": int(layer.sliding_window or 0),
+        "k_desc": k_desc, "v_desc": v_desc, "batch": seq_lens.shape[0],
         "stride_qt": qs[0], "stride_qh": qs[1],
         "stride_kb": ks[0], "stride_ks": ks[1], "stride_kh": ks[2],
         "stride_vb": vs[0], "stride_vs": vs[1], "stride_vh": vs[2],
-        "stride_ot": os_[0], "stride_oh": os_[1],
-        "stride_lt": lse_strides[0], "stride_lh": lse_strides[1],
-        "stride_bt": block_table.stride(0), "num_splits": plan.num_splits,
-        "skip_fresh_from": int(layer.skip_fresh_from),
-        "SPLIT_KV": plan.split_kv, "CAUSAL": bool(layer.causal),
-        "USE_WINDOW": layer.sliding_window is not None, "USE_SINKS": layer.sinks is not None,
-        "USE_SOFTCAP": layer.softcap > 0.0, "USE_KV_SCALE": layer.k_scale is not None,
+        "stride_ot": os_[0], "stride_oh": os_[1], "stride_lt": stride_lt, "stride_lh": stride_lh,
+        "stride_bt": block_table.stride(0),
         "WRITE_LSE": lse_out is not None,
     }  # fmt: skip
 
 
-@dataclass(frozen=True)
-class _SplitBuffers:
+# The split scratch's arguments of an unsplit launch, but for its placeholder tensors.
+_UNSPLIT_ARGS: dict[str, Any] = {
+    "stride_pt": 0, "stride_ph": 0, "stride_ps": 0, "stride_plt": 0, "stride_plh": 0,
+    "MERGE_IN_KERNEL": False,
+}  # fmt: skip
+
+
+class _SplitBuffers(NamedTuple):
     """Where a split launch writes its partials: the first rows of the caller's scratch as
     contiguous [tokens, heads, splits, Dv] and [tokens, heads, splits] (no allocation, not
     even a view), or new tensors for a call without a workspace."""
@@ -187,9 +211,6 @@ class _SplitBuffers:
         cls, plan: AttnPlan, q: torch.Tensor, out: torch.Tensor,
         workspace: SplitKVWorkspace | None, num_q_blocks: int,
     ) -> _SplitBuffers:  # fmt: skip
-        if not plan.split_kv:
-            # placeholders: without SPLIT_KV the kernel never touches them
-            return cls(out, out, out, (0, 0, 0), (0, 0))
         tokens, heads = q.shape[0], q.shape[1]
         splits, head_v = plan.num_splits, plan.shape.head_size_v
         if workspace is None:
@@ -206,8 +227,7 @@ class _SplitBuffers:
 
     def args(self, plan: AttnPlan, num_counts: int) -> dict[str, Any]:
         merge_in_kernel = (
-            plan.split_kv
-            and plan.num_splits <= plan.config.merge_in_kernel_max_splits
+            plan.num_splits <= plan.config.merge_in_kernel_max_splits
             and num_counts <= self.counts.shape[0]
         )
         return {

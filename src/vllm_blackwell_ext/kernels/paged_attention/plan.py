@@ -106,6 +106,11 @@ class AttnPlan:
         return self.num_splits > 1
 
     @functools.cached_property
+    def kernel_args(self) -> dict[str, int | bool]:
+        """The attention kernel's arguments this plan fixes, by name (made once per plan)."""
+        return {**self.constexprs, "num_splits": self.num_splits, "SPLIT_KV": self.split_kv}
+
+    @functools.cached_property
     def unsplit(self) -> AttnPlan:
         """The same batch without splits (for a call whose padding leaves the workspace too
         few rows for any split)."""
