@@ -163,7 +163,7 @@ def check_class(device_class: str, *, quick: bool = False, jobs: int = 1,
         for launch in record(case, info):
             name = "attn" if launch.launcher is ATTENTION_LAUNCHER else "merge"
             KERNELS[name] = launch.launcher.kernel
-            args = tuple(launch.args[n] for n in launch.launcher.arg_names)
+            args = launch.args  # in signature order
             options = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
             if launch.max_registers:
                 options["max_registers"] = launch.max_registers

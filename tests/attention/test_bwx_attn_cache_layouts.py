@@ -54,8 +54,7 @@ def layer_view(layout: KVCacheLayout) -> torch.Tensor:
 def launched(launches: list) -> tuple:
     """Signature, constexprs, aligned arguments and options of the paged kernel's launch."""
     attn, *_ = launches
-    args = tuple(attn.args[name] for name in attn.launcher.arg_names)
-    signature, constexprs, aligned = signature_of(attn.launcher.kernel, args)
+    signature, constexprs, aligned = signature_of(attn.launcher.kernel, attn.args)
     return signature, constexprs, sorted(aligned), (attn.num_warps, attn.num_stages)
 
 

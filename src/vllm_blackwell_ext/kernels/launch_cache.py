@@ -82,6 +82,25 @@ def triton_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def _make_binder(
+    kernel_name: str, arg_names: tuple[str, ...], fixed_names: tuple[str, ...]
+) -> Callable:
+    """`CachedLauncher.binder`'s function for a kernel of parameters `arg_names`."""
+    unknown = sorted(set(fixed_names) - set(arg_names))
+    if unknown or len(set(fixed_names)) != len(fixed_names):
+        raise ValueError(
+            f"fixed_names: expected distinct parameter names of the kernel, got {fixed_names}"
+        )
+    position = {name: i for i, name in enumerate(fixed_names)}
+    keywords = [name for name in arg_names if name not in position]
+    ordered = [f"fixed[{position[n]}]" if n in position else n for n in arg_names]
+    name = f"{kernel_name.strip('_')}_arguments"
+    source = f"def {name}(fixed, *, {', '.join(keywords)}):\n    return ({', '.join(ordered)},)\n"
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "<launch binder>", "exec"), namespace)  # noqa: S102 - our own names
+    return namespace[name]
+
+
 class DescriptorLaunch:
     """Launches one compiled handle with its TMA descriptors encoded once per address and view.
 
@@ -180,6 +199,7 @@ class CachedLauncher:
         # A C-speed picker of a keyword map's values in signature order (`launch_by_name`),
         # made on first use.
         self._in_signature_order: Callable[[Mapping[str, Any]], tuple] | None = None
+        self._binders: dict[tuple[str, ...], Callable[..., tuple]] = {}
 
     def _classify(self, args: tuple) -> None:
         params = self.kernel.params
@@ -244,6 +264,21 @@ class CachedLauncher:
     def arg_names(self) -> tuple[str, ...]:
         """The kernel's parameter names in signature order."""
         return tuple(inspect.signature(self.kernel.fn).parameters)
+
+    def binder(self, fixed_names: tuple[str, ...] = ()) -> Callable[..., tuple]:
+        """A function that orders a launch's arguments by name, made once per `fixed_names`.
+
+        It takes the values of `fixed_names` (the arguments a caller fixes once, e.g. a plan's
+        constexprs) as one tuple in that order, and every other parameter of the kernel by
+        keyword, and returns them all in signature order, as `launch` takes them. A missing
+        or unknown keyword raises Python's own TypeError naming it. Generated code: a call
+        costs about what building the positional tuple by hand does.
+        """
+        bind = self._binders.get(fixed_names)
+        if bind is None:
+            bind = _make_binder(self.kernel.fn.__name__, self.arg_names, fixed_names)
+            self._binders[fixed_names] = bind
+        return bind
 
     def launch_by_name(
         self,

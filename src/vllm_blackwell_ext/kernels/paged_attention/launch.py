@@ -27,18 +27,23 @@ MERGE_LAUNCHER = CachedLauncher(_split_kv_merge_kernel)
 
 
 class KernelLaunch(NamedTuple):
-    """One kernel launch as planned: the launcher, grid, arguments by name and options."""
+    """One kernel launch as planned: the launcher, grid, arguments in signature order (named
+    by `named()`) and options."""
 
     launcher: CachedLauncher
     grid: tuple[int, int, int]
-    args: dict[str, Any]
+    args: tuple
     num_warps: int
     num_stages: int
     max_registers: int = 0
 
+    def named(self) -> dict[str, Any]:
+        """The arguments by parameter name."""
+        return dict(zip(self.launcher.arg_names, self.args, strict=True))
+
     def run(self) -> Any:
         """Launch it; returns the compiled handle (None under the interpreter)."""
-        return self.launcher.launch_by_name(
+        return self.launcher.launch(
             self.grid, self.args, num_warps=self.num_warps, num_stages=self.num_stages,
             max_registers=self.max_registers,
         )  # fmt: skip
@@ -73,6 +78,11 @@ class LayerOptions:
             "USE_KV_SCALE": self.k_scale is not None,
         }
 
+    @functools.cached_property
+    def fixed(self) -> tuple[tuple[str, ...], tuple]:
+        """(names, values) of `kernel_args`, as a binder takes them."""
+        return tuple(self.kernel_args), tuple(self.kernel_args.values())
+
 
 def launch_paged_attention(
     plan: AttnPlan,
@@ -89,7 +99,7 @@ def launch_paged_attention(
 ) -> list:
     """Attention of `q` over `layout`'s caches as `plan` says; writes `out` (and `lse_out`).
 
-    Returns the compiled handles launched (empty under the interpreter's None handles).
+    Returns the compiled handles launched (None for each under the interpreter).
     """
     launches = planned_launches(
         plan, q, layout, out, cu_seqlens_q, seq_lens, block_table, layer,
@@ -120,79 +130,83 @@ def planned_launches(
         plan = fit_to_workspace(plan, num_tokens, workspace.max_rows)
     cfg, kv_heads = plan.config, plan.shape.num_kv_heads
     num_q_blocks = num_tokens // cfg.block_q + batch  # an upper bound; surplus blocks exit
-    args = _attention_args(
-        plan, q, layout, out, cu_seqlens_q, seq_lens, block_table, layer, lse_out
-    )
     if plan.split_kv:
-        split = _SplitBuffers.make(plan, q, out, workspace, num_q_blocks)
-        args.update(split.args(plan, num_q_blocks * kv_heads))
+        split = _SplitBuffers.make(plan, q, workspace, num_q_blocks)
     else:
         # placeholders: without SPLIT_KV the kernel never touches them
-        args.update(_UNSPLIT_ARGS, part_o_ptr=out, part_lse_ptr=out, split_count_ptr=out)
+        split = _SplitBuffers(out, out, out, (0, 0, 0), (0, 0), False)
+    if lse_out is not None:
+        lse_t, lse_strides = lse_out, lse_out.stride()[:2]
+    else:
+        lse_t, lse_strides = out, (0, 0)
+    # Unused pointer arguments get a tensor the kernel never reads through them.
+    dummy = layer.sinks if layer.sinks is not None else layer.k_scale
+    if dummy is None:
+        dummy = lse_t
+    outputs = _Outputs(out, lse_t, lse_strides, dummy)
+    args = _attention_args(
+        plan, q, layout, cu_seqlens_q, seq_lens, block_table, layer, outputs, split
+    )
+    grid = (num_q_blocks, kv_heads, plan.num_splits)
     launches = [
         KernelLaunch(
-            ATTENTION_LAUNCHER,
-            (num_q_blocks, kv_heads, plan.num_splits),
-            args,
-            cfg.num_warps,
-            cfg.num_stages,
-            cfg.max_registers,
-        )  # fmt: skip
+            ATTENTION_LAUNCHER, grid, args, cfg.num_warps, cfg.num_stages, cfg.max_registers
+        )
     ]
-    if plan.split_kv and not args["MERGE_IN_KERNEL"]:
-        launches.append(_merge_launch(plan, out, cu_seqlens_q, batch, args, split))
+    if plan.split_kv and not split.merge_in_kernel:
+        launches.append(_merge_launch(plan, cu_seqlens_q, batch, layer, outputs, split))
     return launches
+
+
+class _Outputs(NamedTuple):
+    """What a launch writes (`out`, and the LSE output or `out` in its place) and the tensor
+    passed for pointers the kernel never reads."""
+
+    out: torch.Tensor
+    lse: torch.Tensor
+    lse_strides: tuple[int, int]
+    dummy: torch.Tensor
 
 
 def _attention_args(
     plan: AttnPlan,
     q: torch.Tensor,
     layout: PagedCacheLayout,
-    out: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     seq_lens: torch.Tensor,
     block_table: torch.Tensor,
     layer: LayerOptions,
-    lse_out: torch.Tensor | None,
-) -> dict[str, Any]:
-    """The attention kernel's arguments but for the split scratch."""
+    outputs: _Outputs,
+    split: _SplitBuffers,
+) -> tuple:
+    """The attention kernel's arguments in signature order, each given by name."""
     key_cache, value_cache = layout.key_cache, layout.value_cache
     if plan.config.tma_tiles:
         k_desc, v_desc = layout.descriptors(plan.config.tile_n)
     else:
         k_desc = v_desc = None
-    if lse_out is not None:
-        lse_t, (stride_lt, stride_lh) = lse_out, lse_out.stride()[:2]
-    else:
-        lse_t, stride_lt, stride_lh = out, 0, 0
-    # Unused pointer arguments get a tensor the kernel never reads through them.
-    dummy = layer.sinks if layer.sinks is not None else layer.k_scale
-    if dummy is None:
-        dummy = lse_t
+    out, lse_t, lse_strides, dummy = outputs
+    plan_names, plan_values = plan.fixed
+    layer_names, layer_values = layer.fixed
+    bind = ATTENTION_LAUNCHER.binder(plan_names + layer_names)
     ks, vs, qs, os_ = key_cache.stride(), value_cache.stride(), q.stride(), out.stride()
-    return {
-        **plan.kernel_args,
-        **layer.kernel_args,
-        "q_ptr": q, "k_ptr": key_cache, "v_ptr": value_cache, "out_ptr": out, "lse_ptr": lse_t,
-        "sink_ptr": dummy if layer.sinks is None else layer.sinks,
-        "k_scale_ptr": dummy if layer.k_scale is None else layer.k_scale,
-        "v_scale_ptr": dummy if layer.v_scale is None else layer.v_scale,
-        "cu_q_ptr": cu_seqlens_q, "seq_lens_ptr": seq_lens, "block_table_ptr": block_table,
-        "k_desc": k_desc, "v_desc": v_desc, "batch": seq_lens.shape[0],
-        "stride_qt": qs[0], "stride_qh": qs[1],
-        "stride_kb": ks[0], "stride_ks": ks[1], "stride_kh": ks[2],
-        "stride_vb": vs[0], "stride_vs": vs[1], "stride_vh": vs[2],
-        "stride_ot": os_[0], "stride_oh": os_[1], "stride_lt": stride_lt, "stride_lh": stride_lh,
-        "stride_bt": block_table.stride(0),
-        "WRITE_LSE": lse_out is not None,
-    }  # fmt: skip
-
-
-# The split scratch's arguments of an unsplit launch, but for its placeholder tensors.
-_UNSPLIT_ARGS: dict[str, Any] = {
-    "stride_pt": 0, "stride_ph": 0, "stride_ps": 0, "stride_plt": 0, "stride_plh": 0,
-    "MERGE_IN_KERNEL": False,
-}  # fmt: skip
+    po, pl = split.o_strides, split.lse_strides
+    return bind(
+        plan_values + layer_values,
+        q_ptr=q, k_ptr=key_cache, v_ptr=value_cache, out_ptr=out, lse_ptr=lse_t,
+        part_o_ptr=split.part_o, part_lse_ptr=split.part_lse, split_count_ptr=split.counts,
+        sink_ptr=dummy if layer.sinks is None else layer.sinks,
+        k_scale_ptr=dummy if layer.k_scale is None else layer.k_scale,
+        v_scale_ptr=dummy if layer.v_scale is None else layer.v_scale,
+        cu_q_ptr=cu_seqlens_q, seq_lens_ptr=seq_lens, block_table_ptr=block_table,
+        k_desc=k_desc, v_desc=v_desc, batch=seq_lens.shape[0],
+        stride_qt=qs[0], stride_qh=qs[1], stride_kb=ks[0], stride_ks=ks[1], stride_kh=ks[2],
+        stride_vb=vs[0], stride_vs=vs[1], stride_vh=vs[2], stride_ot=os_[0], stride_oh=os_[1],
+        stride_lt=lse_strides[0], stride_lh=lse_strides[1],
+        stride_pt=po[0], stride_ph=po[1], stride_ps=po[2], stride_plt=pl[0], stride_plh=pl[1],
+        stride_bt=block_table.stride(0), WRITE_LSE=lse_t is not out,
+        MERGE_IN_KERNEL=split.merge_in_kernel,
+    )  # fmt: skip
 
 
 class _SplitBuffers(NamedTuple):
@@ -205,64 +219,55 @@ class _SplitBuffers(NamedTuple):
     counts: torch.Tensor
     o_strides: tuple[int, int, int]
     lse_strides: tuple[int, int]
+    merge_in_kernel: bool
 
     @classmethod
     def make(
-        cls, plan: AttnPlan, q: torch.Tensor, out: torch.Tensor,
-        workspace: SplitKVWorkspace | None, num_q_blocks: int,
+        cls, plan: AttnPlan, q: torch.Tensor, workspace: SplitKVWorkspace | None,
+        num_q_blocks: int,
     ) -> _SplitBuffers:  # fmt: skip
         tokens, heads = q.shape[0], q.shape[1]
         splits, head_v = plan.num_splits, plan.shape.head_size_v
+        kv_heads = plan.shape.num_kv_heads
         if workspace is None:
             f32 = {"dtype": torch.float32, "device": q.device}
             part_o = torch.empty((tokens, heads, splits, head_v), **f32)
             part_lse = torch.empty((tokens, heads, splits), **f32)
-            kv_heads = plan.shape.num_kv_heads
             counts = torch.zeros(num_q_blocks * kv_heads, dtype=torch.int32, device=q.device)
         else:
             part_o, part_lse = workspace.partial_out, workspace.partial_lse
             counts = workspace.split_counts
         o_strides = (heads * splits * head_v, splits * head_v, head_v)
-        return cls(part_o, part_lse, counts, o_strides, (heads * splits, splits))
-
-    def args(self, plan: AttnPlan, num_counts: int) -> dict[str, Any]:
         merge_in_kernel = (
-            plan.num_splits <= plan.config.merge_in_kernel_max_splits
-            and num_counts <= self.counts.shape[0]
+            splits <= plan.config.merge_in_kernel_max_splits
+            and num_q_blocks * kv_heads <= counts.shape[0]
         )
-        return {
-            "part_o_ptr": self.part_o, "part_lse_ptr": self.part_lse,
-            "split_count_ptr": self.counts,
-            "stride_pt": self.o_strides[0], "stride_ph": self.o_strides[1],
-            "stride_ps": self.o_strides[2],
-            "stride_plt": self.lse_strides[0], "stride_plh": self.lse_strides[1],
-            "MERGE_IN_KERNEL": merge_in_kernel,
-        }  # fmt: skip
+        return cls(part_o, part_lse, counts, o_strides, (heads * splits, splits), merge_in_kernel)
 
 
 def _merge_launch(
     plan: AttnPlan,
-    out: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     batch: int,
-    attn_args: dict[str, Any],
+    layer: LayerOptions,
+    outputs: _Outputs,
     split: _SplitBuffers,
 ) -> KernelLaunch:
     head_v_pad = plan.constexprs["HEAD_V_PAD"]
-    a = attn_args
-    args = {
-        "part_o_ptr": split.part_o, "part_lse_ptr": split.part_lse, "out_ptr": out,
-        "lse_ptr": a["lse_ptr"], "sink_ptr": a["sink_ptr"], "cu_q_ptr": cu_seqlens_q,
-        "batch": batch,
-        "stride_pt": a["stride_pt"], "stride_ph": a["stride_ph"], "stride_ps": a["stride_ps"],
-        "stride_plt": a["stride_plt"], "stride_plh": a["stride_plh"],
-        "stride_ot": a["stride_ot"], "stride_oh": a["stride_oh"],
-        "stride_lt": a["stride_lt"], "stride_lh": a["stride_lh"],
-        "num_splits": plan.num_splits,
-        "HEAD_V": plan.shape.head_size_v, "HEAD_V_PAD": head_v_pad,
-        "SPLITS_PAD": next_power_of_2(max(plan.num_splits, MAX_SPLITS)),
-        "USE_SINKS": a["USE_SINKS"], "WRITE_LSE": a["WRITE_LSE"],
-    }  # fmt: skip
+    out, lse_t, lse_strides, dummy = outputs
+    sinks = layer.sinks if layer.sinks is not None else dummy
+    po, pl = split.o_strides, split.lse_strides
+    args = MERGE_LAUNCHER.binder()(
+        (),
+        part_o_ptr=split.part_o, part_lse_ptr=split.part_lse, out_ptr=out, lse_ptr=lse_t,
+        sink_ptr=sinks, cu_q_ptr=cu_seqlens_q, batch=batch,
+        stride_pt=po[0], stride_ph=po[1], stride_ps=po[2], stride_plt=pl[0], stride_plh=pl[1],
+        stride_ot=out.stride(0), stride_oh=out.stride(1),
+        stride_lt=lse_strides[0], stride_lh=lse_strides[1], num_splits=plan.num_splits,
+        HEAD_V=plan.shape.head_size_v, HEAD_V_PAD=head_v_pad,
+        SPLITS_PAD=next_power_of_2(max(plan.num_splits, MAX_SPLITS)),
+        USE_SINKS=layer.sinks is not None, WRITE_LSE=lse_t is not out,
+    )  # fmt: skip
     return KernelLaunch(
         MERGE_LAUNCHER, (out.shape[0], plan.shape.num_q_heads, 1), args,
         4 if head_v_pad <= 128 else 8, DEFAULT_NUM_STAGES,

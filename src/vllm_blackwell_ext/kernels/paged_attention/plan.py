@@ -106,9 +106,11 @@ class AttnPlan:
         return self.num_splits > 1
 
     @functools.cached_property
-    def kernel_args(self) -> dict[str, int | bool]:
-        """The attention kernel's arguments this plan fixes, by name (made once per plan)."""
-        return {**self.constexprs, "num_splits": self.num_splits, "SPLIT_KV": self.split_kv}
+    def fixed(self) -> tuple[tuple[str, ...], tuple]:
+        """(names, values) of the attention kernel's arguments this plan fixes (made once
+        per plan), as a launch binder takes them."""
+        args = {**self.constexprs, "num_splits": self.num_splits, "SPLIT_KV": self.split_kv}
+        return tuple(args), tuple(args.values())
 
     @functools.cached_property
     def unsplit(self) -> AttnPlan:
