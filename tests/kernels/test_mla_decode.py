@@ -23,9 +23,6 @@ import functools
 import inspect
 import math
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -660,24 +657,6 @@ def test_config_table_covers_every_device_class_and_row_tile():
             for rows, cfg in [*MLA_DECODE_CONFIGS[cls][tag].items(), *few.items()]:
                 assert cfg.block_m <= max(rows, 16) and cfg.block_n >= 16
     assert CPU_DEVICE_INFO.device_class == "cpu"
-
-
-@pytest.mark.parametrize("device_class", ["sm80", "sm89", "sm90", "sm100", "sm120"])
-def test_table_entries_compile_clean_for_their_class(device_class):
-    """Each entry compiled offline for its architecture (Triton's bundled ptxas, no GPU): one
-    over the class's per-block shared memory would fail at its first launch on that part, one
-    that compiles to a trap would fault there, and spills in its loop cost every tile.
-    In a subprocess: under TRITON_INTERPRET the kernels are interpreter objects, not compilable.
-    """
-    repo = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(repo / "src"), str(repo), env.get("PYTHONPATH", "")])
-    run = subprocess.run(
-        [sys.executable, "benchmarks/tune_mla_decode.py", "--check", device_class],
-        cwd=repo, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert f"{device_class} fp8" in run.stdout or device_class == "sm80", run.stdout
 
 
 def test_gluon_kernel_takes_only_what_it_is_built_for():
