@@ -175,7 +175,8 @@ def launch_planned(
 def run_both(case: dict, **kw) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run kernel and reference; return (out, lse, ref_out, ref_lse) for the valid rows.
 
-    `compiled`, a list, receives the compiled handles (the launch through plan and launch)."""
+    `compiled`, a list, receives the attention kernel's compiled handle (the launch through
+    plan and launch)."""
     q = case["q"]
     total = case["total"]
     out = torch.full(
@@ -187,7 +188,8 @@ def run_both(case: dict, **kw) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     compiled = kw.pop("compiled", None)
     lengths = dict(max_seqlen_q=case["max_seqlen_q"], max_seqlen_k=case["max_seqlen_k"])
     if compiled is not None:
-        compiled += launch_planned(*args, out, *meta, **lengths, lse_out=lse, **kw)
+        # the attention kernel's handle (a merge kernel's, when launched, is not kept)
+        compiled.append(launch_planned(*args, out, *meta, **lengths, lse_out=lse, **kw)[0])
     else:
         paged_attention(*args, out, *meta, **lengths, lse_out=lse, **kw)
     launch_only = ("workspace", "num_splits", "config", "variant")
