@@ -20,14 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from .kernels.device import device_info
-from .kernels.kv_gather import (
-    check_cp_gather,
-    check_gather,
-    entry_width,
-    launch_kv_gather,
-    plan_kv_gather,
-)
+from .kernels import kv_gather
+from .kernels.kv_gather import check_cp_gather, check_gather
 
 NAMESPACE = "vllm_blackwell_ext"
 
@@ -54,25 +48,10 @@ def _gather_impl(
         scale,
         seq_starts,
     )
-    plan = plan_kv_gather(
-        kv_cache_dtype,
-        src_cache.dtype,
-        entry_width(src_cache),
-        seq_starts is not None,
-        device_info(src_cache.device),
-    )
-    launch_kv_gather(
-        plan,
-        src_cache,
-        dst,
-        block_table,
-        cu_seq_lens,
-        token_to_seq,
-        seq_starts,
-        scale,
-        num_rows=num_tokens,
-        batch_size=block_table.shape[0],
-    )
+    kv_gather.gather_and_maybe_dequant_cache(
+        src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens, kv_cache_dtype,
+        scale, seq_starts,
+    )  # fmt: skip
 
 
 def _gather_fake(
@@ -111,25 +90,7 @@ def _cp_gather_impl(
     seq_starts: torch.Tensor | None = None,
 ) -> None:
     check_cp_gather(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts)
-    plan = plan_kv_gather(
-        None,
-        src_cache.dtype,
-        entry_width(src_cache),
-        seq_starts is not None,
-        device_info(src_cache.device),
-    )
-    launch_kv_gather(
-        plan,
-        src_cache,
-        dst,
-        block_table,
-        cu_seq_lens,
-        None,
-        seq_starts,
-        None,
-        num_rows=dst.shape[0],
-        batch_size=batch_size,
-    )
+    kv_gather.cp_gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts)
 
 
 def _cp_gather_fake(
