@@ -334,12 +334,17 @@ def test_launch_args_carry_addresses_where_the_tensors_were() -> None:
     key = launcher._key((a, b), ptrs, args, (4, 3, 0))
     assert key == (
         (4, 3, 0), (7, 64),
-        ((torch.float32, -1), (torch.float16, -1)),
-        (ptrs[0] % 16 == 0, ptrs[1] % 16 == 0),
-        (False,),  # 2**40 does not fit in int32
+        -1,  # the launch's device: the first tensor's (CPU here)
+        (torch.float32, torch.float16),
+        (ptrs[0] % 16, ptrs[1] % 16),
+        (41,),  # 2**40 needs 41 bits: more than an int32 holds
         (),  # no tensor descriptors
     )  # fmt: skip
-    assert key[3][1] is False  # a view one fp16 element in is off 16-byte alignment
+    assert key[4][1] == 2  # a view one fp16 element in is 2 bytes off 16-byte alignment
+    # Triton types an unspecialised int by whether it fits int32: the key never merges two
+    # ints of different types (equal bit lengths fit the same types).
+    assert launcher._key((a, b), ptrs, (7, a, 2**31, b, 64), (4, 3, 0)) != key
+    assert launcher._key((a, b), ptrs, (7, a, 2**31 - 1, b, 64), (4, 3, 0))[5] == (31,)
 
     leading = CachedLauncher(_StubKernel([_Param(), _Param(), _Param(True)]))
     leading._classify((a, b, 16))
@@ -383,3 +388,21 @@ def test_launch_by_name_takes_arguments_in_any_order_and_names_what_is_wrong() -
     bad["BLOK"] = bad.pop("BLOCK")
     with pytest.raises(TypeError, match=r"unknown \['BLOK'\], missing \['BLOCK'\]"):
         launcher.launch_by_name((1, 1, 1), bad, num_warps=1, num_stages=1)
+
+
+def test_binder_orders_grouped_and_keyword_arguments_by_name() -> None:
+    launcher = CachedLauncher(_add_kernel)
+    bind = launcher.binder(("BLOCK",), ("y_ptr", "x_ptr"))
+    assert launcher.binder(("BLOCK",), ("y_ptr", "x_ptr")) is bind  # made once
+    assert bind((16,), ("y", "x"), n=10) == ("x", "y", 10, 16)
+    assert launcher.binder()(BLOCK=16, n=10, y_ptr="y", x_ptr="x") == ("x", "y", 10, 16)
+    with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'n'"):
+        bind((16,), ("y", "x"))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'm'"):
+        bind((16,), ("y", "x"), n=10, m=1)
+    with pytest.raises(ValueError, match="not enough values to unpack"):
+        bind((16,), ("y",), n=10)
+    with pytest.raises(ValueError, match=r"unknown: \['z_ptr'\]"):
+        launcher.binder(("z_ptr",))
+    with pytest.raises(ValueError, match="distinct parameter names"):
+        launcher.binder(("n",), ("n",))

@@ -6,11 +6,12 @@ kernels' 30-50 arguments that is most of an eager launch's host time (measured: 
 benchmarks/README.md, "Routes tried"). Eager launches are what vLLM runs for mixed
 prefill/decode batches on every attention layer.
 
-`CachedLauncher` keys each compiled handle by a superset of what Triton specialises on (each
-tensor's device, dtype and 16-byte alignment, each TMA tensor descriptor's element type and
-block shape, the value of every constexpr and specialised int, the int width of the others,
-the launch options), so a cached handle is reused only where Triton would have picked the
-same binary; any other call goes through Triton once and its handle joins the cache. A
+`CachedLauncher` keys each compiled handle by a superset of what Triton specialises on (the
+launch's device, each tensor's dtype and offset from 16-byte alignment, each TMA tensor
+descriptor's element type and block shape, the value of every constexpr and specialised int,
+the bit length of the others, the launch options), so a cached handle is reused only where
+Triton would have picked the same binary; any other call goes through Triton once and its
+handle joins the cache. A
 cached launch calls the handle's C launcher itself with each tensor's address as an int
 (which the key has already read) and the current stream of the tensors' device: Triton's
 handle would otherwise call `data_ptr()` and ask the driver about every pointer again
@@ -35,7 +36,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import torch
@@ -48,7 +49,9 @@ _MIN_TRITON = (3, 4)
 # Triton's default pipelining depth on NVIDIA GPUs, for kernels that need no other: launches
 # pass num_stages explicitly, so the cache keys on what Triton compiles with.
 DEFAULT_NUM_STAGES = 3
-_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+_DTYPE = attrgetter("dtype")
+_DATA_PTR = torch.Tensor.data_ptr
+_OFF_16_BYTES = (15).__and__
 # The Triton whose CUDA launcher `DescriptorLaunch` calls with encoded descriptors.
 DESCRIPTOR_LAUNCH_TRITON = (3, 7)
 # Encodings kept per handle before the oldest are dropped: a KV cache's K and V per layer
@@ -83,21 +86,27 @@ def triton_version() -> tuple[int, int]:
 
 
 def _make_binder(
-    kernel_name: str, arg_names: tuple[str, ...], fixed_names: tuple[str, ...]
+    kernel_name: str, arg_names: tuple[str, ...], groups: tuple[tuple[str, ...], ...]
 ) -> Callable:
     """`CachedLauncher.binder`'s function for a kernel of parameters `arg_names`."""
-    unknown = sorted(set(fixed_names) - set(arg_names))
-    if unknown or len(set(fixed_names)) != len(fixed_names):
+    grouped = [name for group in groups for name in group]
+    unknown = sorted(set(grouped) - set(arg_names))
+    if unknown or len(set(grouped)) != len(grouped):
         raise ValueError(
-            f"fixed_names: expected distinct parameter names of the kernel, got {fixed_names}"
+            f"groups: expected distinct parameter names of the kernel, got {groups} "
+            f"(unknown: {unknown})"
         )
-    position = {name: i for i, name in enumerate(fixed_names)}
-    keywords = [name for name in arg_names if name not in position]
-    ordered = [f"fixed[{position[n]}]" if n in position else n for n in arg_names]
+    group_params = [f"group{i}" for i in range(len(groups))]
+    keywords = [name for name in arg_names if name not in set(grouped)]
     name = f"{kernel_name.strip('_')}_arguments"
-    source = f"def {name}(fixed, *, {', '.join(keywords)}):\n    return ({', '.join(ordered)},)\n"
+    params = [*group_params, *(["*", *keywords] if keywords else [])]
+    lines = [f"def {name}({', '.join(params)}):"]
+    # Unpacking a group checks its length and binds its values to their parameters' names.
+    lines += [f"    ({''.join(n + ', ' for n in group)}) = {param}"
+              for param, group in zip(group_params, groups, strict=True) if group]  # fmt: skip
+    lines.append(f"    return ({''.join(n + ', ' for n in arg_names)})")
     namespace: dict[str, Any] = {}
-    exec(compile(source, "<launch binder>", "exec"), namespace)  # noqa: S102 - our own names
+    exec(compile("\n".join(lines) + "\n", "<launch binder>", "exec"), namespace)  # noqa: S102
     return namespace[name]
 
 
@@ -199,7 +208,7 @@ class CachedLauncher:
         # A C-speed picker of a keyword map's values in signature order (`launch_by_name`),
         # made on first use.
         self._in_signature_order: Callable[[Mapping[str, Any]], tuple] | None = None
-        self._binders: dict[tuple[str, ...], Callable[..., tuple]] = {}
+        self._binders: dict[tuple[tuple[str, ...], ...], Callable[..., tuple]] = {}
 
     def _classify(self, args: tuple) -> None:
         params = self.kernel.params
@@ -229,13 +238,21 @@ class CachedLauncher:
         self._descriptors = _getter(descriptors)
         self._classified = True
 
-    def _key(self, tensors: tuple, ptrs: list[int], args: tuple, options: tuple):
+    def _key(self, tensors: tuple, ptrs: list[int], args: tuple, options: tuple) -> tuple:
+        """What the handle for these arguments is looked up by; C-level maps where it can.
+
+        A launch's tensors share one device (the first tensor's, whose stream it runs on);
+        pointers enter by their offset from 16-byte alignment, ints that Triton does not
+        specialise by their bit length: both finer than what Triton keys on, so a key never
+        joins two arguments Triton would tell apart.
+        """
         return (
             options,
             self._values(args),
-            tuple([(t.dtype, t.get_device()) for t in tensors]),
-            tuple([p & 15 == 0 for p in ptrs]),
-            tuple([_INT32_MIN <= v <= _INT32_MAX for v in self._widths(args)]),
+            tensors[0].get_device() if tensors else None,
+            tuple(map(_DTYPE, tensors)),
+            tuple(map(_OFF_16_BYTES, ptrs)),
+            tuple(map(int.bit_length, self._widths(args))),
             # What Triton types a descriptor by: its element type and block shape.
             tuple(
                 [d and (d.base.dtype, *d.block_shape, d.padding) for d in self._descriptors(args)]
@@ -265,19 +282,21 @@ class CachedLauncher:
         """The kernel's parameter names in signature order."""
         return tuple(inspect.signature(self.kernel.fn).parameters)
 
-    def binder(self, fixed_names: tuple[str, ...] = ()) -> Callable[..., tuple]:
-        """A function that orders a launch's arguments by name, made once per `fixed_names`.
+    def binder(self, *groups: tuple[str, ...]) -> Callable[..., tuple]:
+        """A function that orders a launch's arguments by name, made once per `groups`.
 
-        It takes the values of `fixed_names` (the arguments a caller fixes once, e.g. a plan's
-        constexprs) as one tuple in that order, and every other parameter of the kernel by
-        keyword, and returns them all in signature order, as `launch` takes them. A missing
-        or unknown keyword raises Python's own TypeError naming it. Generated code: a call
-        costs about what building the positional tuple by hand does.
+        Each group names parameters whose values a caller fixes together and keeps (a plan's
+        constexprs, a layer's options, a cache's pointers and strides); the function takes
+        one tuple of values per group, in the group's order, and every other parameter of
+        the kernel by keyword, and returns them all in signature order, as `launch` takes
+        them. A missing or unknown keyword raises Python's own TypeError naming it, a group
+        of the wrong length a ValueError. Generated code, made once: a call costs about what
+        building the positional tuple by hand does, plus a keyword's match per keyword.
         """
-        bind = self._binders.get(fixed_names)
+        bind = self._binders.get(groups)
         if bind is None:
-            bind = _make_binder(self.kernel.fn.__name__, self.arg_names, fixed_names)
-            self._binders[fixed_names] = bind
+            bind = _make_binder(self.kernel.fn.__name__, self.arg_names, groups)
+            self._binders[groups] = bind
         return bind
 
     def launch_by_name(
@@ -329,7 +348,7 @@ class CachedLauncher:
         if not self._classified:
             self._classify(args)
         tensors = self._tensors(args)
-        ptrs = [t.data_ptr() for t in tensors]
+        ptrs = list(map(_DATA_PTR, tensors))
         key = self._key(tensors, ptrs, args, (num_warps, num_stages, max_registers))
         handle = self._handles.get(key)
         if handle is None:

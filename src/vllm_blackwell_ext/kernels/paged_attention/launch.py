@@ -17,9 +17,14 @@ import torch
 from vllm_blackwell_ext.kernels.host_ints import next_power_of_2
 from vllm_blackwell_ext.kernels.launch_cache import DEFAULT_NUM_STAGES, CachedLauncher
 from vllm_blackwell_ext.kernels.paged_attention.kernel import _paged_attn_kernel
-from vllm_blackwell_ext.kernels.paged_attention.layout import PagedCacheLayout
+from vllm_blackwell_ext.kernels.paged_attention.layout import CACHE_ARG_NAMES, PagedCacheLayout
 from vllm_blackwell_ext.kernels.paged_attention.merge_kernel import _split_kv_merge_kernel
-from vllm_blackwell_ext.kernels.paged_attention.plan import MAX_SPLITS, AttnPlan, fit_to_workspace
+from vllm_blackwell_ext.kernels.paged_attention.plan import (
+    MAX_SPLITS,
+    PLAN_ARG_NAMES,
+    AttnPlan,
+    fit_to_workspace,
+)
 from vllm_blackwell_ext.kernels.paged_attention.workspace import SplitKVWorkspace
 
 ATTENTION_LAUNCHER = CachedLauncher(_paged_attn_kernel)
@@ -64,24 +69,20 @@ class LayerOptions:
     skip_fresh_from: int = 0
 
     @functools.cached_property
-    def kernel_args(self) -> dict[str, Any]:
-        """The attention kernel's arguments this layer fixes, by name (made once)."""
-        return {
-            "softmax_scale": float(self.softmax_scale),
-            "softcap": float(self.softcap),
-            "window": int(self.sliding_window or 0),
-            "skip_fresh_from": int(self.skip_fresh_from),
-            "CAUSAL": bool(self.causal),
-            "USE_WINDOW": self.sliding_window is not None,
-            "USE_SINKS": self.sinks is not None,
-            "USE_SOFTCAP": self.softcap > 0.0,
-            "USE_KV_SCALE": self.k_scale is not None,
-        }
+    def kernel_args(self) -> tuple:
+        """The values of the attention kernel's arguments `LAYER_ARG_NAMES` (made once)."""
+        return (
+            float(self.softmax_scale), float(self.softcap), int(self.sliding_window or 0),
+            int(self.skip_fresh_from), bool(self.causal), self.sliding_window is not None,
+            self.sinks is not None, self.softcap > 0.0, self.k_scale is not None,
+        )  # fmt: skip
 
-    @functools.cached_property
-    def fixed(self) -> tuple[tuple[str, ...], tuple]:
-        """(names, values) of `kernel_args`, as a binder takes them."""
-        return tuple(self.kernel_args), tuple(self.kernel_args.values())
+
+# The attention kernel's arguments a layer fixes, as `LayerOptions.kernel_args` holds them.
+LAYER_ARG_NAMES = (
+    "softmax_scale", "softcap", "window", "skip_fresh_from",
+    "CAUSAL", "USE_WINDOW", "USE_SINKS", "USE_SOFTCAP", "USE_KV_SCALE",
+)  # fmt: skip
 
 
 def launch_paged_attention(
@@ -126,100 +127,60 @@ def planned_launches(
     num_tokens, batch = q.shape[0], seq_lens.shape[0]
     if num_tokens == 0 or batch == 0 or plan.max_seqlen_q == 0:
         return []
-    if workspace is not None:
+    if workspace is not None and plan.num_splits > 1:
         plan = fit_to_workspace(plan, num_tokens, workspace.max_rows)
-    cfg, kv_heads = plan.config, plan.shape.num_kv_heads
+    cfg = plan.config
     num_q_blocks = num_tokens // cfg.block_q + batch  # an upper bound; surplus blocks exit
-    if plan.split_kv:
+    if plan.num_splits > 1:
         split = _SplitBuffers.make(plan, q, workspace, num_q_blocks)
     else:
         # placeholders: without SPLIT_KV the kernel never touches them
-        split = _SplitBuffers(out, out, out, (0, 0, 0), (0, 0), False)
-    if lse_out is not None:
-        lse_t, lse_strides = lse_out, lse_out.stride()[:2]
+        split = _SplitBuffers(out, out, out, 0, 0, 0, 0, 0, False)
+    if lse_out is None:
+        lse, stride_lt, stride_lh = out, 0, 0
     else:
-        lse_t, lse_strides = out, (0, 0)
+        lse, (stride_lt, stride_lh) = lse_out, lse_out.stride()[:2]
     # Unused pointer arguments get a tensor the kernel never reads through them.
-    dummy = layer.sinks if layer.sinks is not None else layer.k_scale
-    if dummy is None:
-        dummy = lse_t
-    outputs = _Outputs(out, lse_t, lse_strides, dummy)
-    args = _attention_args(
-        plan, q, layout, cu_seqlens_q, seq_lens, block_table, layer, outputs, split
-    )
-    grid = (num_q_blocks, kv_heads, plan.num_splits)
+    sinks, k_scale, v_scale = layer.sinks, layer.k_scale, layer.v_scale
+    dummy = sinks if sinks is not None else k_scale if k_scale is not None else lse
+    (stride_qt, stride_qh), (stride_ot, stride_oh) = q.stride()[:2], out.stride()[:2]
+    args = _BIND_ATTENTION(
+        plan.kernel_args, layer.kernel_args,
+        layout.kernel_args(cfg.tile_n if cfg.tma_tiles else 0), split,
+        q_ptr=q, out_ptr=out, lse_ptr=lse, cu_q_ptr=cu_seqlens_q, seq_lens_ptr=seq_lens,
+        block_table_ptr=block_table, sink_ptr=dummy if sinks is None else sinks,
+        k_scale_ptr=dummy if k_scale is None else k_scale,
+        v_scale_ptr=dummy if v_scale is None else v_scale, batch=batch,
+        stride_qt=stride_qt, stride_qh=stride_qh, stride_ot=stride_ot, stride_oh=stride_oh,
+        stride_lt=stride_lt, stride_lh=stride_lh, stride_bt=block_table.stride(0),
+        WRITE_LSE=lse_out is not None,
+    )  # fmt: skip
     launches = [
         KernelLaunch(
-            ATTENTION_LAUNCHER, grid, args, cfg.num_warps, cfg.num_stages, cfg.max_registers
+            ATTENTION_LAUNCHER, (num_q_blocks, plan.shape.num_kv_heads, plan.num_splits), args,
+            cfg.num_warps, cfg.num_stages, cfg.max_registers,
         )
-    ]
-    if plan.split_kv and not split.merge_in_kernel:
-        launches.append(_merge_launch(plan, cu_seqlens_q, batch, layer, outputs, split))
+    ]  # fmt: skip
+    if plan.split_kv and not split.MERGE_IN_KERNEL:
+        launches.append(_merge_launch(plan, cu_seqlens_q, batch, layer, out, lse_out, split))
     return launches
 
 
-class _Outputs(NamedTuple):
-    """What a launch writes (`out`, and the LSE output or `out` in its place) and the tensor
-    passed for pointers the kernel never reads."""
-
-    out: torch.Tensor
-    lse: torch.Tensor
-    lse_strides: tuple[int, int]
-    dummy: torch.Tensor
-
-
-def _attention_args(
-    plan: AttnPlan,
-    q: torch.Tensor,
-    layout: PagedCacheLayout,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    layer: LayerOptions,
-    outputs: _Outputs,
-    split: _SplitBuffers,
-) -> tuple:
-    """The attention kernel's arguments in signature order, each given by name."""
-    key_cache, value_cache = layout.key_cache, layout.value_cache
-    if plan.config.tma_tiles:
-        k_desc, v_desc = layout.descriptors(plan.config.tile_n)
-    else:
-        k_desc = v_desc = None
-    out, lse_t, lse_strides, dummy = outputs
-    plan_names, plan_values = plan.fixed
-    layer_names, layer_values = layer.fixed
-    bind = ATTENTION_LAUNCHER.binder(plan_names + layer_names)
-    ks, vs, qs, os_ = key_cache.stride(), value_cache.stride(), q.stride(), out.stride()
-    po, pl = split.o_strides, split.lse_strides
-    return bind(
-        plan_values + layer_values,
-        q_ptr=q, k_ptr=key_cache, v_ptr=value_cache, out_ptr=out, lse_ptr=lse_t,
-        part_o_ptr=split.part_o, part_lse_ptr=split.part_lse, split_count_ptr=split.counts,
-        sink_ptr=dummy if layer.sinks is None else layer.sinks,
-        k_scale_ptr=dummy if layer.k_scale is None else layer.k_scale,
-        v_scale_ptr=dummy if layer.v_scale is None else layer.v_scale,
-        cu_q_ptr=cu_seqlens_q, seq_lens_ptr=seq_lens, block_table_ptr=block_table,
-        k_desc=k_desc, v_desc=v_desc, batch=seq_lens.shape[0],
-        stride_qt=qs[0], stride_qh=qs[1], stride_kb=ks[0], stride_ks=ks[1], stride_kh=ks[2],
-        stride_vb=vs[0], stride_vs=vs[1], stride_vh=vs[2], stride_ot=os_[0], stride_oh=os_[1],
-        stride_lt=lse_strides[0], stride_lh=lse_strides[1],
-        stride_pt=po[0], stride_ph=po[1], stride_ps=po[2], stride_plt=pl[0], stride_plh=pl[1],
-        stride_bt=block_table.stride(0), WRITE_LSE=lse_t is not out,
-        MERGE_IN_KERNEL=split.merge_in_kernel,
-    )  # fmt: skip
-
-
 class _SplitBuffers(NamedTuple):
-    """Where a split launch writes its partials: the first rows of the caller's scratch as
-    contiguous [tokens, heads, splits, Dv] and [tokens, heads, splits] (no allocation, not
-    even a view), or new tensors for a call without a workspace."""
+    """Where a split launch writes its partials, as the attention kernel's arguments of those
+    names: the first rows of the caller's scratch as contiguous [tokens, heads, splits, Dv]
+    and [tokens, heads, splits] (no allocation, not even a view), or new tensors for a call
+    without a workspace."""
 
-    part_o: torch.Tensor
-    part_lse: torch.Tensor
-    counts: torch.Tensor
-    o_strides: tuple[int, int, int]
-    lse_strides: tuple[int, int]
-    merge_in_kernel: bool
+    part_o_ptr: torch.Tensor
+    part_lse_ptr: torch.Tensor
+    split_count_ptr: torch.Tensor
+    stride_pt: int
+    stride_ph: int
+    stride_ps: int
+    stride_plt: int
+    stride_plh: int
+    MERGE_IN_KERNEL: bool
 
     @classmethod
     def make(
@@ -237,12 +198,21 @@ class _SplitBuffers(NamedTuple):
         else:
             part_o, part_lse = workspace.partial_out, workspace.partial_lse
             counts = workspace.split_counts
-        o_strides = (heads * splits * head_v, splits * head_v, head_v)
         merge_in_kernel = (
             splits <= plan.config.merge_in_kernel_max_splits
             and num_q_blocks * kv_heads <= counts.shape[0]
         )
-        return cls(part_o, part_lse, counts, o_strides, (heads * splits, splits), merge_in_kernel)
+        return cls(
+            part_o, part_lse, counts, heads * splits * head_v, splits * head_v, head_v,
+            heads * splits, splits, merge_in_kernel,
+        )  # fmt: skip
+
+
+# The attention kernel's arguments by name: four groups made where their values are fixed
+# (the batch's plan, the layer, the cache pair, the split buffers), the rest per call.
+_BIND_ATTENTION = ATTENTION_LAUNCHER.binder(
+    PLAN_ARG_NAMES, LAYER_ARG_NAMES, CACHE_ARG_NAMES, _SplitBuffers._fields
+)
 
 
 def _merge_launch(
@@ -250,23 +220,23 @@ def _merge_launch(
     cu_seqlens_q: torch.Tensor,
     batch: int,
     layer: LayerOptions,
-    outputs: _Outputs,
+    out: torch.Tensor,
+    lse_out: torch.Tensor | None,
     split: _SplitBuffers,
 ) -> KernelLaunch:
     head_v_pad = plan.constexprs["HEAD_V_PAD"]
-    out, lse_t, lse_strides, dummy = outputs
-    sinks = layer.sinks if layer.sinks is not None else dummy
-    po, pl = split.o_strides, split.lse_strides
+    lse, lse_strides = (out, (0, 0)) if lse_out is None else (lse_out, lse_out.stride()[:2])
     args = MERGE_LAUNCHER.binder()(
-        (),
-        part_o_ptr=split.part_o, part_lse_ptr=split.part_lse, out_ptr=out, lse_ptr=lse_t,
-        sink_ptr=sinks, cu_q_ptr=cu_seqlens_q, batch=batch,
-        stride_pt=po[0], stride_ph=po[1], stride_ps=po[2], stride_plt=pl[0], stride_plh=pl[1],
+        part_o_ptr=split.part_o_ptr, part_lse_ptr=split.part_lse_ptr, out_ptr=out, lse_ptr=lse,
+        sink_ptr=next(t for t in (layer.sinks, layer.k_scale, lse) if t is not None),
+        cu_q_ptr=cu_seqlens_q,
+        batch=batch, stride_pt=split.stride_pt, stride_ph=split.stride_ph,
+        stride_ps=split.stride_ps, stride_plt=split.stride_plt, stride_plh=split.stride_plh,
         stride_ot=out.stride(0), stride_oh=out.stride(1),
         stride_lt=lse_strides[0], stride_lh=lse_strides[1], num_splits=plan.num_splits,
         HEAD_V=plan.shape.head_size_v, HEAD_V_PAD=head_v_pad,
         SPLITS_PAD=next_power_of_2(max(plan.num_splits, MAX_SPLITS)),
-        USE_SINKS=layer.sinks is not None, WRITE_LSE=lse_t is not out,
+        USE_SINKS=layer.sinks is not None, WRITE_LSE=lse_out is not None,
     )  # fmt: skip
     return KernelLaunch(
         MERGE_LAUNCHER, (out.shape[0], plan.shape.num_q_heads, 1), args,

@@ -93,6 +93,13 @@ def _tma_descriptors(
     return k_desc, v_desc
 
 
+# The attention kernel's arguments a cache pair fixes, as `PagedCacheLayout.kernel_args` holds them.
+CACHE_ARG_NAMES = (
+    "k_ptr", "v_ptr", "k_desc", "v_desc",
+    "stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs", "stride_vh",
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class PagedCacheLayout:
     """What launches derive from a K/V cache pair alone, made once per cache
@@ -106,6 +113,7 @@ class PagedCacheLayout:
     _descriptors: dict[int, tuple[TensorDescriptor, TensorDescriptor]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _kernel_args: dict[int, tuple] = field(default_factory=dict, compare=False, repr=False)
 
     def descriptors(self, tile_n: int) -> tuple[TensorDescriptor, TensorDescriptor]:
         """The K and V TMA descriptors of `tile_n`-key tiles (made on first use)."""
@@ -116,6 +124,16 @@ class PagedCacheLayout:
                 self.key_cache, self.value_cache, tile_n
             )
         return descs
+
+    def kernel_args(self, tma_tile_n: int) -> tuple:
+        """The values of the attention kernel's arguments `CACHE_ARG_NAMES` (made once per
+        tile width): descriptors of `tma_tile_n`-key tiles, None for both when it is 0."""
+        args = self._kernel_args.get(tma_tile_n)
+        if args is None:
+            k, v = self.key_cache, self.value_cache
+            descs = self.descriptors(tma_tile_n) if tma_tile_n else (None, None)
+            args = self._kernel_args[tma_tile_n] = (k, v, *descs, *k.stride()[:3], *v.stride()[:3])
+        return args
 
 
 def paged_cache_layout(key_cache: torch.Tensor, value_cache: torch.Tensor) -> PagedCacheLayout:

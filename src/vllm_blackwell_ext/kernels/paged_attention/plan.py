@@ -106,11 +106,11 @@ class AttnPlan:
         return self.num_splits > 1
 
     @functools.cached_property
-    def fixed(self) -> tuple[tuple[str, ...], tuple]:
-        """(names, values) of the attention kernel's arguments this plan fixes (made once
-        per plan), as a launch binder takes them."""
+    def kernel_args(self) -> tuple:
+        """The values of the attention kernel's arguments `PLAN_ARG_NAMES` (made once per
+        plan), as the launch's binder takes them."""
         args = {**self.constexprs, "num_splits": self.num_splits, "SPLIT_KV": self.split_kv}
-        return tuple(args), tuple(args.values())
+        return tuple(args[name] for name in PLAN_ARG_NAMES)
 
     @functools.cached_property
     def unsplit(self) -> AttnPlan:
@@ -211,6 +211,14 @@ def _check_config(config: AttnConfig, variant: str | None, shape: AttnShape) -> 
             f"whole tiles on a device that takes them; got a {shape.kv_dtype} cache, head "
             f"{shape.head_size}, pages of {shape.block_size} on {shape.info.device_class}"
         )
+
+
+# The attention kernel's arguments a plan fixes: its constexprs (`_constexprs`) and the split.
+PLAN_ARG_NAMES = (
+    "GQA", "HEAD_K", "HEAD_V", "HEAD_K_PAD", "HEAD_V_PAD", "BLOCK_SIZE", "BLOCK_M", "BLOCK_Q",
+    "TILE_N", "DOT_MODE", "UNMASKED_INTERIOR", "PREFETCH_PAGES", "V_PAIRS", "TMA_TILES",
+    "TMA_PAGE_BATCH", "num_splits", "SPLIT_KV",
+)  # fmt: skip
 
 
 def _constexprs(shape: AttnShape, config: AttnConfig) -> dict[str, int | bool]:
