@@ -257,8 +257,8 @@ def test_mla_decode_warmup_covers_every_split_variant_of_each_row_tile(kv_dtype)
     assert len(keys) == 3 * len(configs)
     # The one-split kernel, and the split kernel with every merge config a plan can pick.
     assert 1 in {k.num_splits for k in keys}
-    merges = {merge_config(k.num_splits) for k in keys if k.num_splits > 1}
-    assert merges == {merge_config(n) for n in range(2, MAX_SPLITS + 1)}
+    merges = {merge_config(k.num_splits, "sm90", 512) for k in keys if k.num_splits > 1}
+    assert merges == {merge_config(n, "sm90", 512) for n in range(2, MAX_SPLITS + 1)}
     for key in keys[:3]:  # one row tile, every variant, on the CPU interpreter
         cpu_key = jit_warmup.MlaDecodeKey(
             jit_warmup.MlaDecodeKind(torch.bfloat16, kv_dtype, 16, 512, 16, has_lse=True),

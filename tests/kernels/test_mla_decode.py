@@ -29,7 +29,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from vllm_blackwell_ext.kernels.device import CPU_DEVICE_INFO, DeviceInfo
+from vllm_blackwell_ext.kernels.device import CPU_DEVICE_INFO, DeviceInfo, device_info
 from vllm_blackwell_ext.kernels.mla_decode import (
     FEW_PROGRAMS,
     GLUON_AVAILABLE,
@@ -430,10 +430,12 @@ def test_empty_sequence_gives_zero_output_and_minus_inf_lse(device):
 
 
 def test_wide_merge_reads_splits_beyond_its_first_block(device):
-    # 70 splits take the wide merge config (64 splits per block). 2200 keys cut into splits of
-    # one 32-key tile (the CPU config's) fill 69 splits, so both blocks of splits carry
-    # weight; the short request leaves most of its splits empty.
-    assert merge_config(70) != merge_config(2)
+    # 70 splits take the wide merge config on a GPU (64 splits per block; the CPU's reads 64
+    # at a time whatever the splits). 2200 keys cut into splits of one 32-key tile (the CPU
+    # config's) fill 69 splits, so both blocks of splits carry weight; the short request
+    # leaves most of its splits empty.
+    assert merge_config(70, "sm90", 256) != merge_config(2, "sm90", 256)
+    assert merge_config(70, device_info(device).device_class, 256)[1] < 70
     case = _make_case(
         device=device,
         kv_lora_rank=256,
@@ -802,8 +804,6 @@ def test_fp8_values_widened_in_integer_ops_at_real_sizes(tile, seq_lens, int_wid
     """The device's fp8 pair-kernel entries with each `int_widen` level, at real sizes."""
     import dataclasses
 
-    from vllm_blackwell_ext.kernels.device import device_info
-
     cfg = MLA_DECODE_CONFIGS[device_info("cuda").device_class]["fp8"][tile]
     case = _make_case(
         device="cuda", kv_lora_rank=512, num_heads=tile, seq_lens=seq_lens, query_len=1,
@@ -818,8 +818,6 @@ def test_hopper_reads_64_row_tiles_of_a_paged_bf16_cache_through_tma():
     """On sm90 a 128-head bf16 decode over 64-token pages takes the TMA entry (bulk tensor
     copies in its PTX) and stays right with stale values past the keys; 16-token pages
     gather."""
-    from vllm_blackwell_ext.kernels.device import device_info
-
     if device_info("cuda").device_class != "sm90":
         pytest.skip("the TMA entry is Hopper's; this GPU gathers every tile")
     for block_size, takes_tma in ((64, True), (16, False)):
@@ -950,8 +948,6 @@ def test_gluon_kernel_matches_reference_with_stale_page_tails(
     cross into the next request's rows or past the tensor included), causal or not, one to
     seven splits, bf16 or fp8 caches, pages of one or two tiles whose stale tails hold large
     values."""
-    from vllm_blackwell_ext.kernels.device import device_info
-
     if device_info("cuda").device_class != "sm90":
         pytest.skip("the Gluon kernel is Hopper's")
     num_heads, query_len = heads_and_query_len
@@ -971,8 +967,6 @@ def test_gluon_widening_gives_every_e4m3_byte_its_bf16_value():
     """The Gluon kernel's integer e4m3 -> bf16 widening, on all 256 bytes: bit for bit what
     torch's conversion gives (signed zeros and subnormals included); the two NaN bytes come
     out as +-480, as documented."""
-    from vllm_blackwell_ext.kernels.device import device_info
-
     if device_info("cuda").device_class != "sm90" or not GLUON_AVAILABLE:
         pytest.skip("the Gluon kernel is Hopper's")
     src = torch.arange(256, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
@@ -990,8 +984,6 @@ def test_gluon_widening_gives_every_e4m3_byte_its_bf16_value():
 def test_hopper_128_head_bf16_decode_runs_the_gluon_kernel_and_agrees_with_triton():
     """The table's Hopper bf16 64-row entry launches the Gluon kernel; a query whose rows are
     not contiguous takes the Triton kernel of the same entry, within bf16 rounding of it."""
-    from vllm_blackwell_ext.kernels.device import device_info
-
     if device_info("cuda").device_class != "sm90":
         pytest.skip("the Gluon kernel is Hopper's")
     case = _make_case(

@@ -23,7 +23,7 @@ from vllm_blackwell_ext.kernels.mla_decode.layout import (
     tma_descriptors,
 )
 from vllm_blackwell_ext.kernels.mla_decode.merge_kernel import _mla_decode_merge_kernel
-from vllm_blackwell_ext.kernels.mla_decode.plan import MlaDecodePlan, merge_config, scale_log2
+from vllm_blackwell_ext.kernels.mla_decode.plan import MlaDecodePlan, scale_log2
 from vllm_blackwell_ext.kernels.mla_decode.split_fp8_kernel import _mla_decode_split_fp8_kernel
 from vllm_blackwell_ext.kernels.mla_decode.split_kernel import _mla_decode_split_kernel
 from vllm_blackwell_ext.kernels.mla_decode.workspace import MlaDecodeWorkspace
@@ -145,7 +145,7 @@ def _merge_launch(
         SEQ=seq_lens, stride_ot=out.stride(0), stride_oh=out.stride(1),
         stride_lse_t=0 if lse_out is None else lse_out.stride(0), HAS_LSE=lse_out is not None,
     )  # fmt: skip
-    warps = merge_config(plan.num_splits)[2]
+    warps = plan.merge[2]
     return KernelLaunch(_mla_decode_merge_kernel, plan.merge_grid, args, warps, DEFAULT_NUM_STAGES)
 
 

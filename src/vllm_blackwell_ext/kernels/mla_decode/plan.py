@@ -55,13 +55,18 @@ _LOG2E = 1.4426950408889634
 _FP8 = torch.float8_e4m3fn
 
 
-def merge_config(num_splits: int) -> tuple[int, int, int]:
+def merge_config(num_splits: int, device_class: str, kv_lora_rank: int) -> tuple[int, int, int]:
     """(BLOCK_R, BLOCK_S, num_warps) of the merge for `num_splits` splits.
 
-    The merge is bound by load latency: narrow column chunks make many small programs. With
-    many splits (one long request) 16-column chunks reading 64 splits at a time serve best;
-    with a few, 32-column chunks reading 16 (see benchmarks/README.md, routes tried).
+    On a GPU the merge is bound by load latency: narrow column chunks make many small
+    programs. With many splits (one long request) 16-column chunks reading 64 splits at a time
+    serve best; with a few, 32-column chunks reading 16 (see benchmarks/README.md, routes
+    tried). Triton's CPU interpreter ("cpu") pays per program and per jit call far more than
+    per element: one program per (token, head) and column chunk as wide as the latent's
+    largest power-of-two divisor.
     """
+    if device_class == "cpu":
+        return (kv_lora_rank & -kv_lora_rank, 64, 2)
     return (16, 64, 2) if num_splits >= WIDE_MERGE_SPLITS else (32, 16, 2)
 
 
@@ -199,9 +204,13 @@ class MlaDecodePlan:
         return (self.num_row_groups * self.num_splits * self.batch, 1, 1)
 
     @functools.cached_property
+    def merge(self) -> tuple[int, int, int]:
+        """The merge's (BLOCK_R, BLOCK_S, num_warps): `merge_config` of this plan."""
+        return merge_config(self.num_splits, self.device_class, self.kv_lora_rank)
+
+    @functools.cached_property
     def merge_grid(self) -> tuple[int, int, int]:
-        block_r = merge_config(self.num_splits)[0]
-        return (self.num_tokens, self.num_heads, self.kv_lora_rank // block_r)
+        return (self.num_tokens, self.num_heads, self.kv_lora_rank // self.merge[0])
 
     @property
     def workspace_rows(self) -> int:
@@ -238,7 +247,7 @@ class MlaDecodePlan:
     @functools.cached_property
     def merge_constants(self) -> dict[str, Any]:
         """The merge kernel's arguments that follow from the plan alone, by name."""
-        block_r, block_s, _ = merge_config(self.num_splits)
+        block_r, block_s, _ = self.merge
         return dict(
             **self.partial_strides, num_splits=self.num_splits, query_len=self.query_len,
             BLOCK_N=self.config.block_n, BLOCK_R=block_r, BLOCK_S=block_s,
