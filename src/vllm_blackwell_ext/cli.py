@@ -12,9 +12,9 @@ from typing import Any
 
 from vllm_blackwell_ext import __version__, components
 from vllm_blackwell_ext.demo.command import BACKENDS, DEFAULT_DEMO_DIR, REFERENCE, run_demo
-from vllm_blackwell_ext.dflash.registration import takeover_enabled
 from vllm_blackwell_ext.host_cpu import cpu_summary, cpu_summary_line
 from vllm_blackwell_ext.registration import CPU_OVERRIDE_ENV, parse_cpu_override
+from vllm_blackwell_ext.switches import SWITCHES, Switch
 from vllm_blackwell_ext.vllm_compat import (
     installed_vllm_version,
     is_supported_vllm,
@@ -74,10 +74,11 @@ def environment_report(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
     except ValueError as exc:
         problems.append(str(exc))
         cpu_overrides = ()
-    try:
-        takeover_enabled(env)
-    except ValueError as exc:
-        problems.append(str(exc))
+    for switch in SWITCHES:
+        try:
+            switch.enabled(env)
+        except ValueError as exc:
+            problems.append(str(exc))
     if cpu_overrides and env.get("TRITON_INTERPRET") != "1":
         warnings.append(
             f"{CPU_OVERRIDE_ENV}={env[CPU_OVERRIDE_ENV]!r} without TRITON_INTERPRET=1: a CPU "
@@ -227,6 +228,7 @@ def doctor_report(env: Mapping[str, str] | None = None) -> tuple[dict[str, Any],
     if register_error:
         report["register_error"] = register_error
     report["ops"] = _ops_report()
+    report["switches"] = {switch.name: _switch_state(switch, env) for switch in SWITCHES}
     report["device"] = _device_report()
     report["backends"] = {
         b.name: {
@@ -241,6 +243,13 @@ def doctor_report(env: Mapping[str, str] | None = None) -> tuple[dict[str, Any],
         vllm_ok and register_error is None and report["entry_point_found"] and not problems
     )
     return report, can_register
+
+
+def _switch_state(switch: Switch, env: Mapping[str, str]) -> str:
+    try:
+        return switch.describe(env)
+    except ValueError:
+        return "not valid (see the problem below)"
 
 
 def _print_doctor(report: dict[str, Any], ok: bool) -> None:
@@ -291,6 +300,9 @@ def _print_doctor(report: dict[str, Any], ok: bool) -> None:
         print(f"  speculative method {method} -> {path}")
     ops = report["ops"]
     print("\nops: " + (", ".join(ops["available"]) or f"none ({ops.get('why', '')})"))
+    print("\nswitches:")
+    for name, state in report["switches"].items():
+        print(f"  {name:<24} {state}")
     print("\nbackends:")
     for name, info in report["backends"].items():
         print(f"  {name:<9} runs here: {info['runs_here']}")

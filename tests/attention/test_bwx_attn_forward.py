@@ -34,7 +34,7 @@ from vllm_blackwell_ext.attention.bwx_attn import (  # noqa: E402
     BwxAttentionImpl,
     BwxAttentionMetadataBuilder,
 )
-from vllm_blackwell_ext.attention.fresh_prefill_switch import FRESH_PREFILL_ENV  # noqa: E402
+from vllm_blackwell_ext.switches import FRESH_PREFILL  # noqa: E402
 
 NUM_HEADS = 4
 NUM_KV_HEADS = 2
@@ -372,7 +372,7 @@ WITH_FRESH = [Request(0, 150), Request(40, 24), Request(70, 1), Request(0, 17), 
 def test_fresh_prompts_take_the_tma_kernel_where_the_layer_allows_and_match_torch(
     vllm_configs, monkeypatch, kv_cache_dtype, dtype, window, takes_fresh
 ):
-    monkeypatch.delenv(FRESH_PREFILL_ENV, raising=False)  # on by default
+    monkeypatch.delenv(FRESH_PREFILL.name, raising=False)  # on by default
     step: dict = {}
     got, expected, md = _run_step(
         vllm_configs, WITH_FRESH, dtype=dtype, kv_cache_dtype=kv_cache_dtype, window=window,
@@ -390,7 +390,7 @@ def test_a_batch_of_fresh_prompts_only_launches_no_paged_kernel_where_the_layer_
 ):
     # Every request is a fresh prompt: a layer that takes them leaves the paged kernel
     # nothing to do and does not launch it; an fp8 layer (which does not) still does.
-    monkeypatch.delenv(FRESH_PREFILL_ENV, raising=False)  # on by default
+    monkeypatch.delenv(FRESH_PREFILL.name, raising=False)  # on by default
     paged_calls = []
     paged = bwx_attn.launch_paged_attention
     monkeypatch.setattr(
@@ -407,14 +407,14 @@ def test_a_batch_of_fresh_prompts_only_launches_no_paged_kernel_where_the_layer_
 
 
 def test_batches_without_a_fresh_prompt_plan_none(vllm_configs, monkeypatch):
-    monkeypatch.delenv(FRESH_PREFILL_ENV, raising=False)  # on by default
+    monkeypatch.delenv(FRESH_PREFILL.name, raising=False)  # on by default
     # 140 queries after 10 cached tokens and a fresh prompt shorter than one key tile
     _, _, md = _run_step(vllm_configs, [Request(10, 140), Request(0, 17), Request(70, 1)])
     assert not md.fresh_prefill
 
 
 def test_fresh_prompts_stay_with_the_paged_kernel_when_switched_off(vllm_configs, monkeypatch):
-    monkeypatch.setenv(FRESH_PREFILL_ENV, "0")
+    monkeypatch.setenv(FRESH_PREFILL.name, "0")
     got, expected, md = _run_step(vllm_configs, WITH_FRESH)
     assert not md.fresh_prefill
     _assert_close(got, expected, torch.bfloat16)

@@ -24,7 +24,6 @@ from vllm_blackwell_ext.attention.bwx_attn import (  # noqa: E402
     BwxAttentionImpl,
     BwxAttentionMetadataBuilder,
 )
-from vllm_blackwell_ext.attention.fresh_prefill_switch import FRESH_PREFILL_ENV  # noqa: E402
 from vllm_blackwell_ext.kernels.device import DeviceInfo  # noqa: E402
 from vllm_blackwell_ext.kernels.mla_decode import (  # noqa: E402
     MAX_SPLITS,
@@ -38,6 +37,7 @@ from vllm_blackwell_ext.kernels.paged_attention import (  # noqa: E402
     tuning_for,
 )
 from vllm_blackwell_ext.kernels.paged_attention.configs import select_config  # noqa: E402
+from vllm_blackwell_ext.switches import FRESH_PREFILL  # noqa: E402
 
 H200 = DeviceInfo("NVIDIA H200", (9, 0), num_sms=132, smem_per_block=232_448)
 QWEN3_8B = jit_warmup.AttentionLayerKind(
@@ -60,7 +60,7 @@ QWEN3_8B = jit_warmup.AttentionLayerKind(
 def test_warmup_keys_cover_every_variant_a_launch_can_compile(
     kv_dtype, gqa, num_kv_heads, monkeypatch
 ):
-    monkeypatch.delenv(FRESH_PREFILL_ENV, raising=False)  # on by default
+    monkeypatch.delenv(FRESH_PREFILL.name, raising=False)  # on by default
     # Brute force over what launches reach: every query length, every batch the split plan
     # may split, contexts up to max_model_len. A variant is the tile config and the merge
     # (none, in the kernel, or the merge kernel). 48 KV heads: fp8 single tokens plan at
@@ -106,7 +106,7 @@ def test_warmup_keys_cover_every_variant_a_launch_can_compile(
     fresh = [k for k in keys if isinstance(k, jit_warmup.FreshPrefillKey)]
     assert len(fresh) == (1 if kv_dtype == torch.bfloat16 else 0)
     assert len(keys) == len(paged) + len(fresh)
-    monkeypatch.setenv(FRESH_PREFILL_ENV, "0")  # the switch off: nothing of it is compiled
+    monkeypatch.setenv(FRESH_PREFILL.name, "0")  # the switch off: nothing of it is compiled
     off = jit_warmup.paged_attention_warmup_keys(layer, max_model_len, H200)
     assert off == paged
 
@@ -197,7 +197,7 @@ def test_builder_registers_each_layer_kind_once_and_vllm_warmup_launches_them(
     # The builder registers only on CUDA; here the registry's compile step runs our launch
     # on the CPU (interpreter) instead of the GPU, everything else is vLLM's own path.
     monkeypatch.setattr(bwx_attn.current_platform, "is_cuda", lambda: True)
-    monkeypatch.delenv(FRESH_PREFILL_ENV, raising=False)  # on by default
+    monkeypatch.delenv(FRESH_PREFILL.name, raising=False)  # on by default
     launched = []
 
     def compile_on_cpu(key):

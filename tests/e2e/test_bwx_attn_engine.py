@@ -40,8 +40,8 @@ from tests.e2e.conftest import (
     run_engine_job,
     teacher_forced_deltas,
 )
-from vllm_blackwell_ext.attention.fresh_prefill_switch import FRESH_PREFILL_ENV
 from vllm_blackwell_ext.host_cpu import cpu_summary, cpu_summary_line
+from vllm_blackwell_ext.switches import FRESH_PREFILL
 
 # Long prompts exceed max_num_batched_tokens, so they are prefilled in chunks while the short
 # prompts decode beside them: one batch mixes prefill chunks with context and decode rows.
@@ -91,7 +91,7 @@ def qwen3_runs(tiny_models, tmp_path_factory):
         # The TMA path for fresh prompts switched off: every prompt through the paged kernel
         # (as on GPUs other than Hopper).
         "ours": run_engine_job(
-            _spec(model, ours=True), base / "ours", {**OURS_ENV, FRESH_PREFILL_ENV: "0"}
+            _spec(model, ours=True), base / "ours", {**OURS_ENV, FRESH_PREFILL.name: "0"}
         ),
         "reference_fp8": (
             run_engine_job(_spec(model, ours=False, kv_cache_dtype="fp8"), base / "reference-fp8")

@@ -24,7 +24,7 @@ import pytest
 
 from tests.e2e.conftest import run_engine_job
 from vllm_blackwell_ext import components
-from vllm_blackwell_ext.attention.fresh_prefill_switch import FRESH_PREFILL_ENV
+from vllm_blackwell_ext.switches import FRESH_PREFILL
 from vllm_blackwell_ext.vllm_compat import has_speculative_method_registry
 
 from . import checkpoints
@@ -173,7 +173,7 @@ def _jobs(models: dict[str, Path]) -> dict[str, dict[str, Any]]:
 
 
 # Engine environments beyond the defaults, by job: the TMA path for fresh prompts switched off.
-JOB_ENV = {"qwen3-bwx_attn-paged": {FRESH_PREFILL_ENV: "0"}}
+JOB_ENV = {"qwen3-bwx_attn-paged": {FRESH_PREFILL.name: "0"}}
 
 
 def _run_job(name: str, spec: dict[str, Any], workdir: Path) -> dict[str, Any]:

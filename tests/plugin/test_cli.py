@@ -56,6 +56,9 @@ def test_doctor_says_the_plugin_is_off_when_vllm_plugins_leaves_it_out():
         ({"VLLM_PLUGINS": ""}, "VLLM_PLUGINS", None),
         ({"VLLM_PLUGINS": "other,blackwell_ext"}, None, None),
         ({"BWX_DFLASH": "maybe"}, "BWX_DFLASH", None),
+        ({"BWX_ATTN_FRESH_PREFILL": "false"}, None, None),
+        ({"BWX_ATTN_FRESH_PREFILL": "nein"}, "BWX_ATTN_FRESH_PREFILL", None),
+        ({"BWX_DEBUG_BOUNDS": "maybe"}, "BWX_DEBUG_BOUNDS", None),
         ({"BWX_CPU_BACKENDS": "attn,bogus"}, "BWX_CPU_BACKENDS", None),
         ({"BWX_CPU_BACKENDS": "attn"}, None, "TRITON_INTERPRET=1"),
         ({"BWX_CPU_BACKENDS": "attn", "TRITON_INTERPRET": "1"}, None, None),
@@ -67,6 +70,16 @@ def test_environment_problems_are_report_lines_naming_the_variable(env, problem,
     problems, warnings = environment_report(env)
     assert [problem in line for line in problems] == ([True] if problem else [])
     assert [warning in line for line in warnings] == ([True] if warning else [])
+
+
+def test_doctor_shows_each_switch_in_force_and_refuses_a_bad_value():
+    done = _doctor(env={**os.environ, "BWX_ATTN_FRESH_PREFILL": "off"})
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert "BWX_ATTN_FRESH_PREFILL   off (BWX_ATTN_FRESH_PREFILL='off')" in done.stdout
+    assert "BWX_DEBUG_BOUNDS         off (default)" in done.stdout
+    done = _doctor(env={**os.environ, "BWX_DEBUG_BOUNDS": "maybe"})
+    assert done.returncode == 1
+    assert "problem: BWX_DEBUG_BOUNDS: expected one of" in done.stdout
 
 
 def test_version_flag_prints_the_package_version():

@@ -42,7 +42,6 @@ from vllm.v1.attention.backend import (
 from vllm.v1.attention.backends.utils import get_num_attention_heads_from_layers
 from vllm.v1.kv_cache_interface import AttentionSpec
 
-from vllm_blackwell_ext.attention.fresh_prefill_switch import fresh_prefill_enabled
 from vllm_blackwell_ext.attention.jit_warmup import (
     PAGED_ATTENTION_WARMUP,
     attention_layer_kinds,
@@ -77,6 +76,7 @@ from vllm_blackwell_ext.kernels.paged_attention import (
     preferred_block_size,
 )
 from vllm_blackwell_ext.kv_cache_dtypes import FP8_KV_CACHE_DTYPES
+from vllm_blackwell_ext.switches import FRESH_PREFILL
 
 # A child of vLLM's logger, so vLLM's handler and level (VLLM_LOGGING_LEVEL) apply to it.
 logger = init_logger(f"vllm.{__name__}")
@@ -296,7 +296,7 @@ class BwxAttentionMetadataBuilder(AttentionMetadataBuilder[BwxAttentionMetadata]
         self.workspace = SplitKVWorkspace.for_device(
             self.num_heads_q, self.num_kv_heads, self.head_size_v, device, self.device_info
         )
-        self.fresh_prefill_enabled = fresh_prefill_enabled()
+        self.fresh_prefill_enabled = FRESH_PREFILL.enabled()
         if current_platform.is_cuda():
             layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase, layer_names)
             bwx_layers = [

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 from vllm.model_executor.warmup.jit_warmup import VllmJitKernel
 
-from vllm_blackwell_ext.attention.fresh_prefill_switch import fresh_prefill_enabled
 from vllm_blackwell_ext.attention.layer_overrides import LAYER_CAUSAL_ATTR, LAYER_WINDOW_ATTR
 from vllm_blackwell_ext.kernels.device import DeviceInfo, device_info
 from vllm_blackwell_ext.kernels.fresh_prefill import (
@@ -52,6 +51,7 @@ from vllm_blackwell_ext.kernels.paged_attention import (
     planned_launches,
     split_kv_max_tokens,
 )
+from vllm_blackwell_ext.switches import FRESH_PREFILL
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ def paged_attention_warmup_keys(
         keys.append(PagedAttentionKey(layer, q_len, 2))  # merged in the kernel where it may
         if 2 <= in_kernel < most:  # more splits than merge in the kernel
             keys.append(PagedAttentionKey(layer, q_len, in_kernel + 1))
-    if fresh_prefill_enabled() and fresh_prefill_supported(info, **layer.fresh_prefill_facts()):
+    if FRESH_PREFILL.enabled() and fresh_prefill_supported(info, **layer.fresh_prefill_facts()):
         keys.append(FreshPrefillKey(layer))
     return keys
 

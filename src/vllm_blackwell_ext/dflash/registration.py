@@ -15,14 +15,15 @@ architecture vLLM forces to `DFlashDraftModel` (transformers_utils/configs/specu
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
+
+from vllm_blackwell_ext.switches import DFLASH_TAKEOVER
 
 BWX_DFLASH_ARCH = "BwxDFlashDraftModel"
 BWX_DFLASH_ARCH_REWRITTEN = "DFlash" + BWX_DFLASH_ARCH
 UPSTREAM_DFLASH_ARCHS = ("DFlashDraftModel",)
-TAKEOVER_ENV = "BWX_DFLASH"
+TAKEOVER_ENV = DFLASH_TAKEOVER.name
 DFLASH_QUALNAME = "vllm_blackwell_ext.dflash.model:BwxDFlashDraftModel"
 
 __all__ = [
@@ -36,13 +37,7 @@ __all__ = [
 
 
 def takeover_enabled(env: Mapping[str, str] | None = None) -> bool:
-    env = os.environ if env is None else env
-    raw = env.get(TAKEOVER_ENV, "").strip().lower()
-    if raw in ("", "0", "false", "no", "off"):
-        return False
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    raise ValueError(f"{TAKEOVER_ENV} must be 0 or 1 (or true/false); got {raw!r}")
+    return DFLASH_TAKEOVER.enabled(env)
 
 
 def dflash_architectures(env: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -10,17 +10,17 @@ kernel would skip.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 
 from ...kv_cache_dtypes import FP8_KV_CACHE_DTYPES
+from ...switches import DEBUG_BOUNDS
 from ..checks import check_index, fail
 from ..device import MIN_FP8_CAPABILITY, device_info
 from .kernel import _kv_gather_kernel
 
-DEBUG_BOUNDS_ENV = "BWX_DEBUG_BOUNDS"
+DEBUG_BOUNDS_ENV = DEBUG_BOUNDS.name
 
 # kv_cache_dtype names of caches holding model-dtype values (None: as stored).
 PLAIN_KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
@@ -41,7 +41,7 @@ INTERPRETED = not isinstance(_kv_gather_kernel, triton.runtime.JITFunction)
 
 def debug_bounds_enabled() -> bool:
     """True when ``BWX_DEBUG_BOUNDS`` asks for checked gathers (read at every call)."""
-    return os.environ.get(DEBUG_BOUNDS_ENV, "0").strip().lower() not in ("", "0", "false", "no")
+    return DEBUG_BOUNDS.enabled()
 
 
 def entry_is_dense(t: torch.Tensor, first_entry_dim: int) -> bool:
