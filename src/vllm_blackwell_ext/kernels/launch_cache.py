@@ -6,10 +6,10 @@ kernels' 30-50 arguments that is most of an eager launch's host time (measured: 
 benchmarks/README.md, "Routes tried"). Eager launches are what vLLM runs for mixed
 prefill/decode batches on every attention layer.
 
-`CachedLauncher` keys each compiled handle by a superset of what Triton specialises on (the
-launch's device, each tensor's dtype and offset from 16-byte alignment, each TMA tensor
-descriptor's element type and block shape, the value of every constexpr and specialised int,
-the bit length of the others, the launch options), so a cached handle is reused only where
+`CachedLauncher` keys each compiled handle by a superset of what Triton specialises on (each
+tensor's dtype, device and offset from 16-byte alignment, each TMA tensor descriptor's element
+type and block shape, the value of every constexpr and specialised int, the int width of the
+others, the launch options), so a cached handle is reused only where
 Triton would have picked the same binary; any other call goes through Triton once and its
 handle joins the cache. A
 cached launch calls the handle's C launcher itself with each tensor's address as an int
@@ -49,7 +49,9 @@ _MIN_TRITON = (3, 4)
 # Triton's default pipelining depth on NVIDIA GPUs, for kernels that need no other: launches
 # pass num_stages explicitly, so the cache keys on what Triton compiles with.
 DEFAULT_NUM_STAGES = 3
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _DTYPE = attrgetter("dtype")
+_GET_DEVICE = torch.Tensor.get_device
 _DATA_PTR = torch.Tensor.data_ptr
 _OFF_16_BYTES = (15).__and__
 # The Triton whose CUDA launcher `DescriptorLaunch` calls with encoded descriptors.
@@ -239,20 +241,19 @@ class CachedLauncher:
         self._classified = True
 
     def _key(self, tensors: tuple, ptrs: list[int], args: tuple, options: tuple) -> tuple:
-        """What the handle for these arguments is looked up by; C-level maps where it can.
+        """What the handle for these arguments is looked up by; C-level maps where they serve.
 
-        A launch's tensors share one device (the first tensor's, whose stream it runs on);
-        pointers enter by their offset from 16-byte alignment, ints that Triton does not
-        specialise by their bit length: both finer than what Triton keys on, so a key never
-        joins two arguments Triton would tell apart.
+        Each tensor's device too, not only the launch's: a CPU tensor among CUDA ones must miss
+        the cache and reach Triton, which refuses it. Pointers enter by their offset from
+        16-byte alignment (finer than Triton's aligned-or-not: never joins two it tells apart).
         """
         return (
             options,
             self._values(args),
-            tensors[0].get_device() if tensors else None,
             tuple(map(_DTYPE, tensors)),
+            tuple(map(_GET_DEVICE, tensors)),
             tuple(map(_OFF_16_BYTES, ptrs)),
-            tuple(map(int.bit_length, self._widths(args))),
+            tuple([_INT32_MIN <= v <= _INT32_MAX for v in self._widths(args)]),
             # What Triton types a descriptor by: its element type and block shape.
             tuple(
                 [d and (d.base.dtype, *d.block_shape, d.padding) for d in self._descriptors(args)]
