@@ -17,6 +17,7 @@ calls `build_pair` and caches the result). Fixed seeds; a few minutes on 2 cores
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
@@ -353,6 +354,17 @@ def build_pair(root: str | os.PathLike[str], s: PairSettings = PairSettings(), l
     done = out / "DONE"
     if done.exists():
         return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Builders of the same pair at once (two test workers, two examples) take turns: the
+    # second finds DONE and reuses the first one's pair.
+    with open(out.parent / f"{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            _train_pair(out, s, log)
+    return out
+
+
+def _train_pair(out: Path, s: PairSettings, log) -> None:
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     log(f"training the tiny DFlash pair into {out} (fixed seed {s.seed})")
     target = train_target(s, log)
@@ -361,8 +373,7 @@ def build_pair(root: str | os.PathLike[str], s: PairSettings = PairSettings(), l
     for b in s.block_sizes:
         write_draft(out / f"draft-b{b}", s, train_draft(target, ids, feats, s, b, log))
     (out / "settings.json").write_text(json.dumps(asdict(s), indent=1))
-    done.write_text("ok\n")
-    return out
+    (out / "DONE").write_text("ok\n")
 
 
 def held_out_prompts(n: int, length: int = 16, seed: int = 12345) -> list[list[int]]:

@@ -5,6 +5,7 @@ be set before `triton` is first imported, which is why it is set here, at collec
 """
 
 import os
+from pathlib import Path
 
 import torch
 
@@ -20,6 +21,17 @@ ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 def device() -> str:
     """Where kernel tests run: 'cuda' on a GPU machine, 'cpu' under TRITON_INTERPRET=1."""
     return "cuda" if ON_GPU else "cpu"
+
+
+@pytest.fixture(scope="session")
+def session_cache(tmp_path_factory) -> Path:
+    """A folder shared by every worker of this test session (pytest-xdist's too), for inputs
+    that several test files build alike (the tiny DFlash pair): the first builds, the others
+    reuse (builders lock against each other). Fresh per session: nothing carries over."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    (root / "session-cache").mkdir(exist_ok=True)
+    return root / "session-cache"
 
 
 def pytest_report_header(config) -> list[str]:

@@ -100,7 +100,7 @@ def test_held_out_prompts_are_not_training_documents() -> None:
 
 
 @pytest.mark.e2e
-def test_vllm_engine_acceptance_equals_the_oracle(tmp_path) -> None:
+def test_vllm_engine_acceptance_equals_the_oracle(tmp_path, session_cache) -> None:
     """The bench's engine path: a real vLLM CPU engine with our draft (fp32, vLLM's CPU
     attention) commits the same tokens in the same number of steps, with the same per-position
     acceptance, as the oracle: vLLM's counters and ours describe identical runs."""
@@ -110,7 +110,10 @@ def test_vllm_engine_acceptance_equals_the_oracle(tmp_path) -> None:
     # a few hundred steps: the draft proposes some right tokens, so acceptance is not all 0
     quick = dp.PairSettings(target_steps=150, draft_steps=100, distill_sequences=64,
                             block_sizes=(4,))  # fmt: skip
-    root = dp.build_pair(tmp_path / "pair", quick, log=lambda _: None)
+    # The pair examples/dflash_speculate.py trains (same settings, same place when both run in
+    # one session: tests/e2e/test_examples.py points the example's cache at session_cache).
+    root = dp.build_pair(session_cache / "vllm-bwx" / "examples" / "dflash", quick,
+                         log=lambda _: None)  # fmt: skip
     prompts = dp.held_out_prompts(3)
     oracle = _oracle(root, 4, prompts, 24)
     engine = _engine(root, 4, prompts, 24, "vllm-default", tmp_path)

@@ -48,8 +48,10 @@ def test_serve_and_request_gets_a_completion(tmp_path):
 
 
 @pytest.mark.e2e
-def test_dflash_speculate_reports_acceptance_from_vllm_counters(tmp_path):
-    out = _run("dflash_speculate.py", tmp_path=tmp_path)
+def test_dflash_speculate_reports_acceptance_from_vllm_counters(tmp_path, session_cache):
+    # Its tiny pair is the one tests/dflash/test_acceptance_bench.py trains: one training per
+    # session (the trainer locks, so whichever comes second reuses the first's pair).
+    out = _run("dflash_speculate.py", tmp_path=session_cache)
     tau = float(out.split("mean acceptance length ")[1].split()[0])
     assert 1.0 < tau <= 4.0, out  # block 4: at most 3 drafts accepted per step, some were
 
