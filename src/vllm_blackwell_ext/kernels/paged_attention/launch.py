@@ -48,10 +48,10 @@ class KernelLaunch(NamedTuple):
 
     def run(self) -> Any:
         """Launch it; returns the compiled handle (None under the interpreter)."""
-        return self.launcher.launch(
-            self.grid, self.args, num_warps=self.num_warps, num_stages=self.num_stages,
-            max_registers=self.max_registers,
-        )  # fmt: skip
+        launcher, grid, args, num_warps, num_stages, max_registers = self
+        return launcher.launch(
+            grid, args, num_warps=num_warps, num_stages=num_stages, max_registers=max_registers
+        )
 
 
 @dataclass(frozen=True)
@@ -102,11 +102,21 @@ def launch_paged_attention(
 
     Returns the compiled handles launched (None for each under the interpreter).
     """
-    launches = planned_launches(
-        plan, q, layout, out, cu_seqlens_q, seq_lens, block_table, layer,
-        workspace=workspace, lse_out=lse_out,
+    attention = _attention_launch(
+        plan, q, layout, out, cu_seqlens_q, seq_lens, block_table, layer, workspace, lse_out
+    )
+    if attention is None:
+        return []
+    grid, args, plan, split = attention
+    cfg = plan.config
+    handle = ATTENTION_LAUNCHER.launch(
+        grid, args, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        max_registers=cfg.max_registers,
     )  # fmt: skip
-    return [launch.run() for launch in launches]
+    if plan.num_splits == 1 or split.MERGE_IN_KERNEL:
+        return [handle]
+    merge = _merge_launch(plan, cu_seqlens_q, seq_lens.shape[0], layer, out, lse_out, split)
+    return [handle, merge.run()]
 
 
 def planned_launches(
@@ -124,9 +134,41 @@ def planned_launches(
 ) -> list[KernelLaunch]:
     """The launches of `launch_paged_attention`, not run: the attention kernel, and the merge
     kernel where a split launch does not merge in the kernel."""
+    attention = _attention_launch(
+        plan, q, layout, out, cu_seqlens_q, seq_lens, block_table, layer, workspace, lse_out
+    )
+    if attention is None:
+        return []
+    grid, args, plan, split = attention
+    cfg = plan.config
+    launches = [
+        KernelLaunch(
+            ATTENTION_LAUNCHER, grid, args, cfg.num_warps, cfg.num_stages, cfg.max_registers
+        )
+    ]
+    if plan.num_splits > 1 and not split.MERGE_IN_KERNEL:
+        batch = seq_lens.shape[0]
+        launches.append(_merge_launch(plan, cu_seqlens_q, batch, layer, out, lse_out, split))
+    return launches
+
+
+def _attention_launch(
+    plan: AttnPlan,
+    q: torch.Tensor,
+    layout: PagedCacheLayout,
+    out: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    layer: LayerOptions,
+    workspace: SplitKVWorkspace | None,
+    lse_out: torch.Tensor | None,
+) -> tuple[tuple[int, int, int], tuple, AttnPlan, _SplitBuffers] | None:
+    """The attention kernel's grid and arguments, the plan fitted to the workspace and the
+    split buffers; None where there is nothing to compute."""
     num_tokens, batch = q.shape[0], seq_lens.shape[0]
     if num_tokens == 0 or batch == 0 or plan.max_seqlen_q == 0:
-        return []
+        return None
     if workspace is not None and plan.num_splits > 1:
         plan = fit_to_workspace(plan, num_tokens, workspace.max_rows)
     cfg = plan.config
@@ -147,23 +189,19 @@ def planned_launches(
     args = _BIND_ATTENTION(
         plan.kernel_args, layer.kernel_args,
         layout.kernel_args(cfg.tile_n if cfg.tma_tiles else 0), split,
-        q_ptr=q, out_ptr=out, lse_ptr=lse, cu_q_ptr=cu_seqlens_q, seq_lens_ptr=seq_lens,
-        block_table_ptr=block_table, sink_ptr=dummy if sinks is None else sinks,
-        k_scale_ptr=dummy if k_scale is None else k_scale,
-        v_scale_ptr=dummy if v_scale is None else v_scale, batch=batch,
-        stride_qt=stride_qt, stride_qh=stride_qh, stride_ot=stride_ot, stride_oh=stride_oh,
-        stride_lt=stride_lt, stride_lh=stride_lh, stride_bt=block_table.stride(0),
+        # BATCH_ARG_NAMES
+        (cu_seqlens_q, seq_lens, block_table, batch, block_table.stride(0)),
+        # SCALE_ARG_NAMES
+        (
+            dummy if sinks is None else sinks,
+            dummy if k_scale is None else k_scale,
+            dummy if v_scale is None else v_scale,
+        ),
+        q_ptr=q, out_ptr=out, lse_ptr=lse, stride_qt=stride_qt, stride_qh=stride_qh,
+        stride_ot=stride_ot, stride_oh=stride_oh, stride_lt=stride_lt, stride_lh=stride_lh,
         WRITE_LSE=lse_out is not None,
     )  # fmt: skip
-    launches = [
-        KernelLaunch(
-            ATTENTION_LAUNCHER, (num_q_blocks, plan.shape.num_kv_heads, plan.num_splits), args,
-            cfg.num_warps, cfg.num_stages, cfg.max_registers,
-        )
-    ]  # fmt: skip
-    if plan.split_kv and not split.MERGE_IN_KERNEL:
-        launches.append(_merge_launch(plan, cu_seqlens_q, batch, layer, out, lse_out, split))
-    return launches
+    return (num_q_blocks, plan.shape.num_kv_heads, plan.num_splits), args, plan, split
 
 
 class _SplitBuffers(NamedTuple):
@@ -208,11 +246,17 @@ class _SplitBuffers(NamedTuple):
         )  # fmt: skip
 
 
-# The attention kernel's arguments by name: four groups made where their values are fixed
-# (the batch's plan, the layer, the cache pair, the split buffers), the rest per call.
+# The batch's metadata tensors, and the layer's per-head / per-tensor scales (a tensor the
+# kernel never reads through them where the layer has none), as `planned_launches` passes them.
+BATCH_ARG_NAMES = ("cu_q_ptr", "seq_lens_ptr", "block_table_ptr", "batch", "stride_bt")
+SCALE_ARG_NAMES = ("sink_ptr", "k_scale_ptr", "v_scale_ptr")
+# The attention kernel's arguments by name: groups made where their values are fixed (the
+# batch's plan, the layer, the cache pair, the split buffers, the batch's metadata, the
+# layer's scales), each value given with its group's names; the query and outputs by keyword.
 _BIND_ATTENTION = ATTENTION_LAUNCHER.binder(
-    PLAN_ARG_NAMES, LAYER_ARG_NAMES, CACHE_ARG_NAMES, _SplitBuffers._fields
-)
+    PLAN_ARG_NAMES, LAYER_ARG_NAMES, CACHE_ARG_NAMES, _SplitBuffers._fields, BATCH_ARG_NAMES,
+    SCALE_ARG_NAMES,
+)  # fmt: skip
 
 
 def _merge_launch(
