@@ -539,8 +539,11 @@ def test_profiling_run_without_metadata_zero_fills_output():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"head_size": 72}, "head_size not supported"),
-        ({"kv_cache_dtype": "int8_per_token_head"}, "kv_cache_dtype not supported"),
+        ({"head_size": 72}, r"head_size not supported \(BWX_ATTN takes \[.*128.*\]\)"),
+        (
+            {"kv_cache_dtype": "int8_per_token_head"},
+            r"kv_cache_dtype not supported \(BWX_ATTN takes \['auto', .*'fp8_e5m2'\]\)",
+        ),
         ({"attn_type": "encoder_only"}, "attention type encoder_only not supported"),
         ({"alibi_slopes": [0.5] * NUM_HEADS}, "ALiBi not supported"),
     ],

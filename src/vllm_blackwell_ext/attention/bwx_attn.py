@@ -105,12 +105,10 @@ def _unsupported_reasons(head_size: int, kv_cache_dtype: str | None, attn_type: 
     """
     reasons = []
     if head_size not in SUPPORTED_HEAD_SIZES:
-        reasons.append("head_size not supported")
-    if (
-        kv_cache_dtype is not None
-        and kv_cache_dtype not in BwxAttentionBackend.supported_kv_cache_dtypes
-    ):
-        reasons.append("kv_cache_dtype not supported")
+        reasons.append(f"head_size not supported (BWX_ATTN takes {list(SUPPORTED_HEAD_SIZES)})")
+    supported_kv = BwxAttentionBackend.supported_kv_cache_dtypes
+    if kv_cache_dtype is not None and kv_cache_dtype not in supported_kv:
+        reasons.append(f"kv_cache_dtype not supported (BWX_ATTN takes {list(supported_kv)})")
     if attn_type != AttentionType.DECODER:
         reasons.append(f"attention type {attn_type} not supported")
     return reasons
