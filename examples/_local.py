@@ -9,8 +9,10 @@ right, but hundreds of times slower than a GPU. Call `cpu_setup` before importin
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import traceback
 from pathlib import Path
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-bwx" / "examples"
@@ -29,6 +31,40 @@ def cpu_setup(backends: str) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ["BWX_CPU_BACKENDS"] = backends
     os.environ["TRITON_INTERPRET"] = "1"
+
+
+def quiet_logs(name: str, verbose: bool) -> Path | None:
+    """Unless `verbose`, send vLLM's log (every process's) and whatever is written to stderr
+    (progress bars, warnings, the engine process's output) to CACHE/logs/<name>.log, so the
+    example's own lines are what the terminal shows; returns that file's path (None when
+    verbose). A failure still ends with one line on the terminal naming the file. Call it
+    before importing vLLM (its logging is configured at import)."""
+    if verbose:
+        return None
+    logs = CACHE / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log = logs / f"{name}.log"
+    config = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"plain": {"format": "%(levelname)s %(asctime)s %(name)s: %(message)s"}},
+        "handlers": {
+            "file": {"class": "logging.FileHandler", "filename": str(log), "formatter": "plain"}
+        },
+        "loggers": {"vllm": {"handlers": ["file"], "level": "INFO", "propagate": False}},
+    }
+    config_path = logs / f"{name}.logging.json"
+    config_path.write_text(json.dumps(config))
+    os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(config_path)
+    terminal = os.fdopen(os.dup(2), "w", buffering=1)
+    os.dup2(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+
+    def report_failure(kind, error, trace) -> None:
+        traceback.print_exception(kind, error, trace)  # into the log
+        print(f"{name} failed: {kind.__name__}: {error} (the whole log: {log})", file=terminal)
+
+    sys.excepthook = report_failure
+    return log
 
 
 def tiny_model(kind: str) -> str:

@@ -23,7 +23,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="MLA model to serve (default on the CPU: a tiny one)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
+    parser.add_argument("--verbose", action="store_true", help="vLLM's log on the terminal")
     args = parser.parse_args()
+    log = _local.quiet_logs("mla_generate", args.verbose)
     on_gpu = _local.has_gpu()
     if not on_gpu:
         _local.cpu_setup("mla")
@@ -42,10 +44,12 @@ def main() -> None:
         seed=0,
     )
     prompts = ["w5 w6 w7 w8 w9"] if not args.model else ["Multi-head latent attention is"]
-    for out in llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0)):
+    for out in llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False):
         print(f"{out.prompt!r} -> {out.outputs[0].text!r}")
     print("attention served by:", llm.collective_rpc(served_backends))
     llm.llm_engine.engine_core.shutdown()
+    if log:
+        print(f"vLLM's log: {log}")
 
 
 if __name__ == "__main__":

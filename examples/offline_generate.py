@@ -25,7 +25,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="model to serve (default on the CPU: a tiny Qwen3)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
+    parser.add_argument("--verbose", action="store_true", help="vLLM's log on the terminal")
     args = parser.parse_args()
+    log = _local.quiet_logs("offline_generate", args.verbose)
     on_gpu = _local.has_gpu()
     if not on_gpu:
         _local.cpu_setup("attn")
@@ -51,11 +53,13 @@ def main() -> None:
             "Paged attention stores the KV cache in",
         ]
     )
-    outputs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0))
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)
     for out in outputs:
         print(f"{out.prompt!r} -> {out.outputs[0].text!r}")
     print("attention served by:", llm.collective_rpc(served_backends))
     llm.llm_engine.engine_core.shutdown()
+    if log:
+        print(f"vLLM's log: {log}")
 
 
 if __name__ == "__main__":

@@ -35,18 +35,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="model to serve (default on the CPU: a tiny Qwen3)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for it")
+    parser.add_argument("--verbose", action="store_true", help="the server's log on the terminal")
     args = parser.parse_args()
     on_gpu = _local.has_gpu()
     if not on_gpu:
         _local.cpu_setup("attn")
     model = args.model or _local.tiny_model("qwen3")
     port = free_port()
+    log = None if args.verbose else (_local.CACHE / "logs" / "serve_and_request.log")
+    if log:
+        log.parent.mkdir(parents=True, exist_ok=True)
+    output = {} if log is None else {"stdout": log.open("w"), "stderr": subprocess.STDOUT}
     server = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
          "--attention-backend", "BWX_ATTN", "--max-model-len", "1024",
          "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "model",
          *([] if on_gpu else ["--enforce-eager"])],
         start_new_session=True,
+        **output,
     )  # fmt: skip
     try:
         from openai import OpenAI
@@ -55,7 +61,10 @@ def main() -> None:
         deadline = time.monotonic() + args.timeout
         while True:
             if server.poll() is not None:
-                raise SystemExit(f"the server exited with status {server.returncode}")
+                raise SystemExit(
+                    f"the server exited with status {server.returncode}"
+                    + (f" (its log: {log})" if log else "")
+                )
             try:
                 client.models.list()
                 break
@@ -68,6 +77,8 @@ def main() -> None:
             model="model", prompt=prompt, max_tokens=8, temperature=0.0
         )
         print(f"completion of {prompt!r}: {answer.choices[0].text!r}")
+        if log:
+            print(f"the server's log: {log}")
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:

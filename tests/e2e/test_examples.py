@@ -13,6 +13,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+MAX_LINES_SHOWN = 25
+
+
 def _run(script: str, *args: str, tmp_path: Path) -> str:
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}  # tiny checkpoints written here
     done = subprocess.run(
@@ -24,6 +27,9 @@ def _run(script: str, *args: str, tmp_path: Path) -> str:
         timeout=900,
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    # What a user reads: the example's own lines; vLLM's log goes to a file (--verbose shows it).
+    shown = (done.stdout + done.stderr).splitlines()
+    assert len(shown) <= MAX_LINES_SHOWN, "\n".join(shown)
     return done.stdout
 
 
@@ -54,6 +60,7 @@ def test_dflash_speculate_reports_acceptance_from_vllm_counters(tmp_path, sessio
     out = _run("dflash_speculate.py", tmp_path=session_cache)
     tau = float(out.split("mean acceptance length ")[1].split()[0])
     assert 1.0 < tau <= 4.0, out  # block 4: at most 3 drafts accepted per step, some were
+    assert "speculative output equals the target's own greedy output: True" in out
 
 
 def test_gather_op_example_reads_the_pages_back_exactly(tmp_path):
