@@ -165,6 +165,11 @@ def gather_and_maybe_dequant_cache(
     ``kv_cache_dtype``: "auto", "bfloat16", "float16" (values converted to dst's dtype) or
     "fp8", "fp8_e4m3", "fp8_e5m2" (uint8 or fp8 cache; values times ``scale``, a 1-element
     fp32 tensor). Index tensors are int32 on the cache's device.
+
+    Out-of-range entries (a ``token_to_seq``, position or ``block_table`` entry pointing
+    outside the tensors) are not checked, as in vLLM's op: their rows are skipped, left
+    unwritten, never read or written out of bounds. ``BWX_DEBUG_BOUNDS=1`` checks every index
+    on the host first and raises a ValueError naming the argument (a synchronisation per call).
     """
     # The op validates (once, before launching); errors keep their type through the dispatcher.
     torch.ops.vllm_blackwell_ext.gather_and_maybe_dequant_cache(
@@ -193,6 +198,8 @@ def cp_gather_cache(
 
     Rows of ``dst`` outside ``[cu_seq_lens[0], cu_seq_lens[batch_size])`` are left untouched,
     and nothing past ``dst.shape[0]`` is written even if ``cu_seq_lens`` says more.
+    Out-of-range ``block_table`` entries skip their rows (unwritten, nothing read out of
+    bounds); ``BWX_DEBUG_BOUNDS=1`` checks them on the host first and raises instead.
     """
     torch.ops.vllm_blackwell_ext.cp_gather_cache(
         src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts
