@@ -1,7 +1,8 @@
 """Test-wide setup. Imports nothing from vLLM: kernel and op tests run on the GPU machine as-is.
 
 Triton kernels run on the CPU through the interpreter when no GPU is present; the variable must
-be set before `triton` is first imported, which is why it is set here, at collection start.
+be set before `triton` is first imported, which is why it is set here, at collection start
+(with vLLM's CPU thread binding, which the engine subprocesses inherit).
 """
 
 import os
@@ -11,6 +12,11 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # pytest-xdist runs a CPU engine test in each worker at once. vLLM's spawned CPU worker
+    # binds its OpenMP threads by default ("auto": on a 2-core machine every engine to the
+    # same core, the other one reserved), so two engines would share one core while the other
+    # idles. Unbound, the operating system spreads them.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 import pytest  # noqa: E402
 

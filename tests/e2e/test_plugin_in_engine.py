@@ -26,7 +26,7 @@ def named_backend_run(tiny_models, tmp_path_factory):
             }
         ],
     }
-    return run_engine_job(spec, tmp_path_factory.mktemp("named-backend"))
+    return run_engine_job(spec, tmp_path_factory.mktemp("named-backend"), spawn=True)
 
 
 def test_register_runs_in_every_vllm_process(named_backend_run):

@@ -180,7 +180,7 @@ def _run_job(name: str, spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     """One engine job; a failure is kept as the job's result, so the other jobs still run."""
     started = time.perf_counter()
     try:
-        result = run_engine_job(spec, workdir, JOB_ENV.get(name), cpu=False)
+        result = run_engine_job(spec, workdir, JOB_ENV.get(name), cpu=False, spawn=True)
     except (AssertionError, OSError) as exc:
         return {"error": f"{name}: {exc}"}
     wall = time.perf_counter() - started
