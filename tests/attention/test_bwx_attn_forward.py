@@ -564,6 +564,24 @@ def test_impl_refuses_unsupported_layers_with_the_validation_reasons(kwargs, mat
         BwxAttentionImpl(**args)
 
 
+def test_impl_refuses_a_model_without_latent_attention_when_bwx_mla_was_asked():
+    # vLLM's CPU platform hands such a model its CPU_ATTN entry whatever was asked; where that
+    # entry is ours (BWX_CPU_BACKENDS=attn) the choice is refused, not served by BWX_ATTN.
+    from vllm.config import AttentionConfig, set_current_vllm_config
+
+    from tests.attention.conftest import registered_member
+
+    member = registered_member("BWX_MLA", "vllm_blackwell_ext.attention.bwx_mla.BwxMLABackend")
+    asked = VllmConfig(attention_config=AttentionConfig(backend=member))
+    args = (NUM_HEADS, HEAD_SIZE, 0.125, NUM_KV_HEADS, None, None, "auto")
+    with set_current_vllm_config(asked), pytest.raises(ValueError) as excinfo:
+        BwxAttentionImpl(*args)
+    assert "BWX_MLA was asked for, but this model has no latent attention" in str(excinfo.value)
+    assert "choose BWX_ATTN" in str(excinfo.value)
+    with set_current_vllm_config(VllmConfig()):
+        BwxAttentionImpl(*args)  # nothing asked: served
+
+
 def test_backend_declares_its_names_and_classes():
     assert BwxAttentionBackend.get_name() == "BWX_ATTN"
     assert BwxAttentionBackend.get_impl_cls() is BwxAttentionImpl

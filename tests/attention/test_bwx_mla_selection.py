@@ -104,6 +104,12 @@ def test_selection_accepts_every_configuration_of_the_support_matrix(
         pytest.param((9, 0), {"block_size": 24}, "block_size not supported", id="block24"),
         pytest.param((7, 5), {}, "compute capability not supported", id="sm75"),
         pytest.param((9, 0), {"use_mla": False}, "non-MLA not supported", id="not-mla"),
+        pytest.param(
+            (9, 0),
+            {"use_mla": False},
+            "choose --attention-backend BWX_ATTN",
+            id="not-mla-says-what-to-choose",
+        ),
         pytest.param((9, 0), {"use_sparse": True}, "sparse not supported", id="sparse"),
         pytest.param((9, 0), {"use_pcp": True}, "PCP not supported", id="pcp"),
         pytest.param((9, 0), {"has_sink": True}, "attention sinks not supported", id="sinks"),

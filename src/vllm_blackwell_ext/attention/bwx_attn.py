@@ -42,6 +42,10 @@ from vllm.v1.attention.backend import (
 from vllm.v1.attention.backends.utils import get_num_attention_heads_from_layers
 from vllm.v1.kv_cache_interface import AttentionSpec
 
+from vllm_blackwell_ext.attention.asked_backend import (
+    LATENT_ATTENTION_ASKED,
+    latent_attention_was_asked,
+)
 from vllm_blackwell_ext.attention.jit_warmup import (
     PAGED_ATTENTION_WARMUP,
     attention_layer_kinds,
@@ -403,6 +407,9 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
         reasons = _unsupported_reasons(head_size, kv_cache_dtype, attn_type)
         if alibi_slopes is not None:
             reasons.append("ALiBi not supported")
+        if latent_attention_was_asked():
+            # vLLM's CPU platform handed us a model without MLA for BWX_MLA: refuse, not serve
+            reasons.append(LATENT_ATTENTION_ASKED)
         if reasons:
             raise ValueError(
                 f"BWX_ATTN cannot serve this layer (head_size={head_size}, "

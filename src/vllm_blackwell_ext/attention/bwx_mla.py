@@ -83,6 +83,10 @@ MAX_DECODE_QUERY_LEN = 8
 _CACHE_LAYOUT_ATTR = "_bwx_mla_cache_layout"
 MIN_CAPABILITY = DeviceCapability(*kernel_device.MIN_CAPABILITY)
 MIN_FP8_CAPABILITY = DeviceCapability(*kernel_device.MIN_FP8_CAPABILITY)
+NOT_LATENT_ATTENTION = (
+    "BWX_MLA serves models with latent attention (DeepSeek-V2/V3, Kimi K2, GLM MLA models) "
+    "and this model has none: choose --attention-backend BWX_ATTN"
+)
 
 
 @dataclass
@@ -352,6 +356,9 @@ class BwxMLABackend(MLACommonBackend):
         use_mm_prefix: bool,
         device_capability: DeviceCapability,
     ) -> str | None:
+        if not use_mla:
+            # Beside vLLM's own "non-MLA not supported": what to choose instead.
+            return NOT_LATENT_ATTENTION
         if (
             kv_cache_dtype is not None
             and kv_cache_dtype.startswith("fp8")
