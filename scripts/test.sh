@@ -36,11 +36,15 @@ fi
 # Every core (pytest-xdist). `--dist loadfile`: each test file runs whole in one worker, so a
 # module-scoped fixture (a module's vLLM engines) is still made once. (`loadgroup` would spread
 # finer, but pytest-xdist 3.8 cannot rename the node ids of pytest 9, so its groups are ignored.)
-# BWX_PYTEST_WORKERS=1 runs in one process.
+# Files go out longest first (tests/conftest.py orders them by tests/file_seconds.json), not
+# xdist's own order by test count, which started the engine files last. One thread per worker
+# (torch and OpenMP take every core by default; with a worker per core they wait on each
+# other); the engines the tests start inherit it. BWX_PYTEST_WORKERS=1 runs in one process.
 workers=${BWX_PYTEST_WORKERS:-$(nproc)}
 xdist=()
 if [[ "$workers" -gt 1 ]] && python -c "import xdist" 2>/dev/null; then
-  xdist=(-n "$workers" --dist loadfile)
+  xdist=(-n "$workers" --dist loadfile --no-loadscope-reorder)
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 fi
 echo "[test] pytest ${xdist[*]}"
 pytest_start=$(date +%s)

@@ -5,6 +5,7 @@ be set before `triton` is first imported, which is why it is set here, at collec
 (with vLLM's CPU thread binding, which the engine subprocesses inherit).
 """
 
+import json
 import os
 from pathlib import Path
 
@@ -21,6 +22,18 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Longest test files first (file_seconds.json; the others after them, in collection
+    order): pytest-xdist's `--dist loadfile` hands out whole files in this order
+    (scripts/test.sh turns its own reordering by test count off), so the long engine files
+    start first and the run does not end on one worker finishing one alone."""
+    seconds = json.loads(FILE_SECONDS.read_text())["seconds"]
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0))
 
 
 @pytest.fixture(scope="session")
