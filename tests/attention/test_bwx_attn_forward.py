@@ -570,8 +570,9 @@ def test_impl_refuses_a_model_without_latent_attention_when_bwx_mla_was_asked():
     from vllm.config import AttentionConfig, set_current_vllm_config
 
     from tests.attention.conftest import registered_member
+    from vllm_blackwell_ext.components import BWX_MLA
 
-    member = registered_member("BWX_MLA", "vllm_blackwell_ext.attention.bwx_mla.BwxMLABackend")
+    member = registered_member(BWX_MLA.name, BWX_MLA.class_path)
     asked = VllmConfig(attention_config=AttentionConfig(backend=member))
     args = (NUM_HEADS, HEAD_SIZE, 0.125, NUM_KV_HEADS, None, None, "auto")
     with set_current_vllm_config(asked), pytest.raises(ValueError) as excinfo:
