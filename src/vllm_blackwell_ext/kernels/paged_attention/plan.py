@@ -113,6 +113,18 @@ class AttnPlan:
         return tuple(args[name] for name in PLAN_ARG_NAMES)
 
     @functools.cached_property
+    def merge_kernel_args(self) -> tuple:
+        """The values of the split merge kernel's arguments `MERGE_PLAN_ARG_NAMES` (made once
+        per plan)."""
+        splits_pad = next_power_of_2(max(self.num_splits, MAX_SPLITS))
+        return self.num_splits, self.shape.head_size_v, self.constexprs["HEAD_V_PAD"], splits_pad
+
+    @property
+    def merge_num_warps(self) -> int:
+        """The split merge kernel's warps: one row of `HEAD_V_PAD` values per program."""
+        return 4 if self.constexprs["HEAD_V_PAD"] <= 128 else 8
+
+    @functools.cached_property
     def unsplit(self) -> AttnPlan:
         """The same batch without splits (for a call whose padding leaves the workspace too
         few rows for any split)."""
@@ -219,6 +231,8 @@ PLAN_ARG_NAMES = (
     "TILE_N", "DOT_MODE", "UNMASKED_INTERIOR", "PREFETCH_PAGES", "V_PAIRS", "TMA_TILES",
     "TMA_PAGE_BATCH", "num_splits", "SPLIT_KV",
 )  # fmt: skip
+# The split merge kernel's arguments a plan fixes, as `AttnPlan.merge_kernel_args` holds them.
+MERGE_PLAN_ARG_NAMES = ("num_splits", "HEAD_V", "HEAD_V_PAD", "SPLITS_PAD")
 
 
 def _constexprs(shape: AttnShape, config: AttnConfig) -> dict[str, int | bool]:
