@@ -69,4 +69,10 @@ DFLASH_TAKEOVER = Switch(
     False,
     "checkpoints of vLLM's own DFlash architecture (DFlashDraftModel) load this plugin's draft",
 )
-SWITCHES = (FRESH_PREFILL, DEBUG_BOUNDS, DFLASH_TAKEOVER)
+PLATFORM = Switch(
+    "BWX_PLATFORM",
+    True,
+    "vLLM's CUDA and CPU platforms come with our refusals: an --attention-backend BWX_ATTN / "
+    "BWX_MLA that cannot serve the model is refused in the process that builds the config",
+)
+SWITCHES = (FRESH_PREFILL, DEBUG_BOUNDS, DFLASH_TAKEOVER, PLATFORM)

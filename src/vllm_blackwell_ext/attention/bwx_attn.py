@@ -101,11 +101,12 @@ def _fp8_dtype_for(kv_cache_dtype: str) -> torch.dtype | None:
     return FP8_KV_CACHE_DTYPES.get(kv_cache_dtype)
 
 
-def _unsupported_reasons(head_size: int, kv_cache_dtype: str | None, attn_type: str) -> list[str]:
+def unsupported_reasons(head_size: int, kv_cache_dtype: str | None, attn_type: str) -> list[str]:
     """What this backend cannot serve, in the words of vLLM's validation reasons.
 
-    Shared by `BwxAttentionBackend.validate_configuration` (the GPU selection path) and
-    `BwxAttentionImpl.__init__` (the CPU engine, whose platform skips validation).
+    Shared by `BwxAttentionBackend.validate_configuration` (the GPU selection path),
+    `BwxAttentionImpl.__init__` (the CPU engine, whose platform skips validation) and
+    `asked_backend.asked_backend_refusal` (the configuration, in the user's process).
     """
     reasons = []
     if head_size not in SUPPORTED_HEAD_SIZES:
@@ -404,7 +405,7 @@ class BwxAttentionImpl(AttentionImpl[BwxAttentionMetadata]):
     ) -> None:
         # The CPU platform never runs vLLM's validation, so an engine that reaches us there
         # (BWX_CPU_BACKENDS=attn) is refused here with the same reasons.
-        reasons = _unsupported_reasons(head_size, kv_cache_dtype, attn_type)
+        reasons = unsupported_reasons(head_size, kv_cache_dtype, attn_type)
         if alibi_slopes is not None:
             reasons.append("ALiBi not supported")
         if latent_attention_was_asked():

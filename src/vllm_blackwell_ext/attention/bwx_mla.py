@@ -303,6 +303,27 @@ class BwxMLAMetadataBuilder(MLACommonMetadataBuilder[BwxMLAMetadata]):
         )
 
 
+def latent_reasons(kv_lora_rank: int, qk_rope_head_dim: int, kv_cache_dtype: str) -> list[str]:
+    """What BWX_MLA cannot serve of a latent and its cache, each with what it takes instead.
+
+    Shared by `BwxMLAImpl.__init__` (the CPU engine reaches it without vLLM's validation) and
+    `asked_backend.asked_backend_refusal` (the configuration, in the user's process).
+    """
+    reasons = []
+    if SUPPORTED_LATENT.get(kv_lora_rank) != qk_rope_head_dim:
+        pairs = " or ".join(f"{r} + {e}" for r, e in SUPPORTED_LATENT.items())
+        reasons.append(
+            f"kv_lora_rank/qk_rope_head_dim: BWX_MLA decodes latents of {pairs}, "
+            f"got {kv_lora_rank} + {qk_rope_head_dim}"
+        )
+    if kv_cache_dtype not in BwxMLABackend.supported_kv_cache_dtypes:
+        reasons.append(
+            f"kv_cache_dtype: BWX_MLA supports {BwxMLABackend.supported_kv_cache_dtypes}, "
+            f"got {kv_cache_dtype!r}"
+        )
+    return reasons
+
+
 class BwxMLABackend(MLACommonBackend):
     """Capability declarations vLLM's selector checks (`validate_configuration`)."""
 
@@ -401,18 +422,11 @@ class BwxMLAImpl(BwxMLAContextPrefill, MLACommonImpl[BwxMLAMetadata]):
     ) -> None:
         # Refuse what the kernel lacks before any setup (the CPU-engine route reaches here
         # without vLLM's backend validation).
-        rank, rope = mla_args["kv_lora_rank"], mla_args["qk_rope_head_dim"]
-        if SUPPORTED_LATENT.get(rank) != rope:
-            pairs = " or ".join(f"{r} + {e}" for r, e in SUPPORTED_LATENT.items())
-            raise ValueError(
-                f"kv_lora_rank/qk_rope_head_dim: BWX_MLA decodes latents of {pairs}, "
-                f"got {rank} + {rope}"
-            )
-        if kv_cache_dtype not in BwxMLABackend.supported_kv_cache_dtypes:
-            raise ValueError(
-                f"kv_cache_dtype: BWX_MLA supports {BwxMLABackend.supported_kv_cache_dtypes}, "
-                f"got {kv_cache_dtype!r}"
-            )
+        reasons = latent_reasons(
+            mla_args["kv_lora_rank"], mla_args["qk_rope_head_dim"], kv_cache_dtype
+        )
+        if reasons:
+            raise ValueError("; ".join(reasons))
         super().__init__(
             num_heads,
             head_size,
