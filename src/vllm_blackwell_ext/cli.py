@@ -13,6 +13,7 @@ from typing import Any
 from vllm_blackwell_ext import __version__, components
 from vllm_blackwell_ext.demo.command import BACKENDS, DEFAULT_DEMO_DIR, REFERENCE, run_demo
 from vllm_blackwell_ext.host_cpu import cpu_summary, cpu_summary_line
+from vllm_blackwell_ext.platforms import platform_status
 from vllm_blackwell_ext.registration import CPU_OVERRIDE_ENV, parse_cpu_override
 from vllm_blackwell_ext.switches import SWITCHES, Switch
 from vllm_blackwell_ext.vllm_compat import (
@@ -229,6 +230,7 @@ def doctor_report(env: Mapping[str, str] | None = None) -> tuple[dict[str, Any],
         report["register_error"] = register_error
     report["ops"] = _ops_report()
     report["switches"] = {switch.name: _switch_state(switch, env) for switch in SWITCHES}
+    report["platform"] = platform_status(env) if vllm_ok else "vLLM's own (unsupported vLLM)"
     report["device"] = _device_report()
     report["backends"] = {
         b.name: {
@@ -259,6 +261,7 @@ def _print_doctor(report: dict[str, Any], ok: bool) -> None:
         ("torch", report["torch"]),
         ("Triton", report["triton"]),
         ("entry point", "found" if report["entry_point_found"] else "NOT FOUND (reinstall)"),
+        ("platform", report["platform"]),
         ("host CPU", cpu_summary_line()),
     ]
     dev = report["device"]

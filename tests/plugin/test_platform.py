@@ -263,3 +263,16 @@ def test_the_cuda_platform_judges_by_the_gpu_it_runs_on(monkeypatch) -> None:
     monkeypatch.setattr(BwxCudaPlatform, "get_device_capability", capability)
     with pytest.raises(ValueError, match=r"needs compute capability >= 8.9, got 8.0"):
         BwxCudaPlatform.check_and_update_config(fake_config("BWX_ATTN", QWEN3, "fp8"))
+
+
+def test_the_doctor_says_which_platform_vllm_takes_here(monkeypatch) -> None:
+    monkeypatch.setattr(
+        platforms, "vllm_builtin_platform", lambda: "vllm.platforms.cpu.CpuPlatform"
+    )
+    assert platforms.platform_status({}) == (
+        "BwxCpuPlatform: refusals where vLLM builds its config"
+    )
+    assert platforms.platform_status({"VLLM_TARGET_DEVICE": "cpu"}) == (
+        "not consulted (VLLM_TARGET_DEVICE=cpu): refusals in the worker"
+    )
+    assert platforms.platform_status({"BWX_PLATFORM": "off"}).startswith("vLLM's own (")

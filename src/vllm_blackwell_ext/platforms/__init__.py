@@ -12,6 +12,8 @@ platforms, `BWX_PLATFORM=0`) this returns None and vLLM runs its own platform un
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 
 from vllm_blackwell_ext.switches import PLATFORM
 from vllm_blackwell_ext.vllm_compat import installed_vllm_version, is_supported_vllm
@@ -25,10 +27,14 @@ OUR_PLATFORMS = {
 }
 
 
-def platform() -> str | None:
-    """Our platform's qualified name where vLLM's own choice is one we extend, else None."""
+ENTRY_POINT = "vllm_blackwell_ext.platforms:platform"
+
+
+def platform(env: Mapping[str, str] | None = None) -> str | None:
+    """Our platform's qualified name where vLLM's own choice is one we extend, else None
+    (`env`: the process environment when None, as vLLM calls it)."""
     try:
-        enabled = PLATFORM.enabled()
+        enabled = PLATFORM.enabled(env)
     except ValueError as error:  # vLLM would swallow it into a debug line: say it here
         logger.warning("%s; vLLM's own platform is used", error)
         return None
@@ -50,3 +56,23 @@ def vllm_builtin_platform() -> str | None:
         if qualname is not None:
             found.append(qualname)
     return found[0] if len(found) == 1 else None
+
+
+def platform_status(env: Mapping[str, str] | None = None) -> str:
+    """One line for `vllm-bwx doctor`: which platform vLLM takes here, and so where an ask our
+    backends cannot serve is refused."""
+    from importlib.metadata import entry_points
+
+    env = os.environ if env is None else env
+    in_worker = "refusals in the worker"
+    if not any(ep.value == ENTRY_POINT for ep in entry_points(group="vllm.platform_plugins")):
+        return f"entry point NOT FOUND (reinstall): {in_worker}"
+    if env.get("VLLM_TARGET_DEVICE", "").strip().lower() == "cpu":
+        return f"not consulted (VLLM_TARGET_DEVICE=cpu): {in_worker}"
+    try:
+        ours = platform(env)
+    except Exception as error:  # no vLLM, a detection that cannot run here
+        return f"vLLM's own ({type(error).__name__}: {error}): {in_worker}"
+    if ours is None:
+        return f"vLLM's own (BWX_PLATFORM off, or a platform we do not extend): {in_worker}"
+    return f"{ours.rsplit('.', 1)[1]}: refusals where vLLM builds its config"
