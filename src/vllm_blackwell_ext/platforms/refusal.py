@@ -10,6 +10,9 @@ class RefusesUnservableAsks:
     """Mixin placed before a vLLM platform class: its `check_and_update_config` first refuses
     what `asked_backend_refusal` refuses (a ValueError with our reason), then runs vLLM's."""
 
+    # A CPU engine: our backends run there only where BWX_CPU_BACKENDS routes them.
+    cpu_engine = False
+
     @classmethod
     def refusal_capability(cls) -> Any:
         """The device capability the refusal judges fp8 and the floors by (None: no GPU)."""
@@ -21,7 +24,9 @@ class RefusesUnservableAsks:
         # imported, and the attention modules import `vllm.config`.
         from vllm_blackwell_ext.attention.asked_backend import asked_backend_refusal
 
-        refusal = asked_backend_refusal(vllm_config, cls.refusal_capability())
+        refusal = asked_backend_refusal(
+            vllm_config, cls.refusal_capability(), cpu_engine=cls.cpu_engine
+        )
         if refusal is not None:
             raise ValueError(refusal)
         super().check_and_update_config(vllm_config)  # type: ignore[misc]
